@@ -1,0 +1,234 @@
+package config
+
+import (
+	"log/slog"
+	"strings"
+	"time"
+)
+
+// DefaultPath is the config file read when neither --config nor
+// LIFECYCLE_AGENT_CONFIG names one. Its absence is not an error.
+const DefaultPath = "/etc/lifecycle-agent/config.yaml"
+
+// EnvPrefix starts every environment variable the agent reads.
+const EnvPrefix = "LIFECYCLE_AGENT_"
+
+// DriverPrefix is the domain of the built-in drivers and of exec drivers
+// whose name carries no vendor domain.
+const DriverPrefix = "lifecycle-agent.x-k8s.io/"
+
+// Built-in driver names, as they appear under drivers.<name>.enabled and
+// after DriverPrefix.
+const (
+	DriverDrain     = "drain"
+	DriverUncordon  = "uncordon"
+	DriverReboot    = "reboot"
+	DriverShutdown  = "shutdown"
+	DriverOSUpgrade = "os-upgrade"
+	DriverGPUReset  = "gpu-reset"
+)
+
+// Values of host.mode.
+const (
+	HostModeReal     = "real"
+	HostModeSimulate = "simulate"
+)
+
+// Values of gpu.resetMethod.
+const (
+	ResetMethodAuto      = "auto"
+	ResetMethodNvidiaSMI = "nvidia-smi"
+	ResetMethodNVML      = "nvml"
+)
+
+// Values of osUpgrade.profiles.<name>.rebootPolicy.
+const (
+	RebootAlways     = "always"
+	RebootNever      = "never"
+	RebootIfRequired = "if-required"
+)
+
+// Values of logLevel and logFormat.
+const (
+	LogLevelDebug = "debug"
+	LogLevelInfo  = "info"
+	LogLevelWarn  = "warn"
+	LogLevelError = "error"
+
+	LogFormatText = "text"
+	LogFormatJSON = "json"
+)
+
+// Config is the agent's validated configuration. Load fills every field;
+// the zero value is not meaningful.
+type Config struct {
+	// Path is the config file that was read, or "" when the default file
+	// does not exist.
+	Path string
+
+	NodeName       string
+	Kubeconfig     string
+	JournalPath    string
+	SocketPath     string
+	MetricsAddress string
+	APITimeout     time.Duration
+	EventRetention time.Duration
+	LogLevel       string
+	LogFormat      string
+
+	Host      Host
+	Shutdown  Shutdown
+	Drivers   Drivers
+	Drain     Drain
+	Reboot    Reboot
+	GPU       GPU
+	OSUpgrade OSUpgrade
+	Exec      Exec
+
+	// sources maps each layered key to where its value came from.
+	sources map[string]string
+}
+
+// Host is the host.* section.
+type Host struct {
+	Mode string // HostModeReal or HostModeSimulate
+}
+
+// Shutdown is the shutdown.* section.
+type Shutdown struct {
+	Budget             time.Duration
+	ManageLogindDropIn bool
+}
+
+// Drivers is the drivers.* section: one switch per built-in driver.
+type Drivers struct {
+	Drain     DriverSwitch
+	Uncordon  DriverSwitch
+	Reboot    DriverSwitch
+	Shutdown  DriverSwitch
+	OSUpgrade DriverSwitch
+	GPUReset  DriverSwitch
+}
+
+// DriverSwitch is drivers.<name>. Enabled is nil when the operator left it
+// unset, which means "the driver's default" (see Config.DriverEnabled).
+type DriverSwitch struct {
+	Enabled *bool
+}
+
+// Drain is the drain.* section.
+type Drain struct {
+	Timeout         time.Duration // 0: no limit of its own
+	EvictRetryDelay time.Duration
+}
+
+// Reboot is the reboot.* section.
+type Reboot struct {
+	ReadyTimeout time.Duration
+}
+
+// GPU is the gpu.* section.
+type GPU struct {
+	ResetMethod   string // ResetMethodAuto, ResetMethodNvidiaSMI or ResetMethodNVML
+	AutoRemediate bool
+	Services      []string // systemd units stopped around a reset
+}
+
+// OSUpgrade is the osUpgrade.* section. It comes from the file only.
+type OSUpgrade struct {
+	Profiles map[string]OSUpgradeProfile
+}
+
+// OSUpgradeProfile is one osUpgrade.profiles.<name> entry.
+type OSUpgradeProfile struct {
+	Command      []string // argv; Command[0] is an absolute path
+	Timeout      time.Duration
+	RebootPolicy string // RebootAlways, RebootNever or RebootIfRequired
+}
+
+// Exec is the exec.* section. It comes from the file only.
+type Exec struct {
+	Drivers []ExecDriver
+}
+
+// ExecDriver is one vendor driver defined in exec.drivers.
+type ExecDriver struct {
+	Name   string        // as written: "<name>" or "<vendor-domain>/<name>"
+	Start  string        // CamelCase state
+	End    string        // CamelCase state
+	SLA    time.Duration // 0: none
+	Params []string      // parameter names an event may pass
+	Steps  []ExecStep
+}
+
+// ExecStep is one ordered step of an ExecDriver.
+type ExecStep struct {
+	Name    string
+	Command []string // argv; Command[0] is an absolute path
+	Timeout time.Duration
+	Check   []string // optional argv; exit 0 means the step already took effect
+}
+
+// FullName is the driver name published in LifecycleTransition.spec.driver.
+func (d ExecDriver) FullName() string {
+	if strings.Contains(d.Name, "/") {
+		return d.Name
+	}
+	return DriverPrefix + d.Name
+}
+
+// DriverEnabled reports whether the driver called name (short, e.g. "drain",
+// or full, e.g. "lifecycle-agent.x-k8s.io/drain") runs on this node.
+// An explicit drivers.<name>.enabled wins; unset means the driver default:
+// on for drain, uncordon, reboot and shutdown; gpu-reset when nvmlPresent;
+// os-upgrade when hasProfile (normally len(c.OSUpgrade.Profiles) > 0).
+// Exec drivers are enabled by being configured. Unknown names are disabled.
+func (c *Config) DriverEnabled(name string, nvmlPresent, hasProfile bool) bool {
+	short := strings.TrimPrefix(name, DriverPrefix)
+	var sw DriverSwitch
+	def := true
+	switch short {
+	case DriverDrain:
+		sw = c.Drivers.Drain
+	case DriverUncordon:
+		sw = c.Drivers.Uncordon
+	case DriverReboot:
+		sw = c.Drivers.Reboot
+	case DriverShutdown:
+		sw = c.Drivers.Shutdown
+	case DriverOSUpgrade:
+		sw, def = c.Drivers.OSUpgrade, hasProfile
+	case DriverGPUReset:
+		sw, def = c.Drivers.GPUReset, nvmlPresent
+	default:
+		for _, d := range c.Exec.Drivers {
+			if d.FullName() == name || d.FullName() == DriverPrefix+name {
+				return true
+			}
+		}
+		return false
+	}
+	if sw.Enabled != nil {
+		return *sw.Enabled
+	}
+	return def
+}
+
+// Source says where the value of a layered key (e.g. "host.mode") came
+// from: "flag --host-mode", "env LIFECYCLE_AGENT_HOST_MODE", "<file>:<line>"
+// or "default". It returns "" for keys it does not know, and "<file>" for
+// the file-only sections osUpgrade.profiles and exec.drivers when set.
+func (c *Config) Source(key string) string { return c.sources[key] }
+
+// SlogLevel is LogLevel as a slog.Level.
+func (c *Config) SlogLevel() slog.Level {
+	switch c.LogLevel {
+	case LogLevelDebug:
+		return slog.LevelDebug
+	case LogLevelWarn:
+		return slog.LevelWarn
+	case LogLevelError:
+		return slog.LevelError
+	}
+	return slog.LevelInfo
+}

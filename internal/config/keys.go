@@ -1,0 +1,453 @@
+package config
+
+import (
+	"fmt"
+	"net/netip"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+	"unicode"
+
+	"github.com/spf13/pflag"
+	"go.yaml.in/yaml/v3"
+	"k8s.io/apimachinery/pkg/util/validation"
+)
+
+// keys is the single source of truth for every configuration key: Load,
+// AddFlags, Reference (docs/configuration.md) and Example
+// (packaging/config.yaml) all read it, so flags, env vars, docs and the
+// shipped file cannot drift apart. Order here is the order in the docs and in
+// the example file; keys that share a dotted prefix must be adjacent.
+var keys = []*key{
+	{
+		name: "config", flag: "config", scope: GlobalFlags, kind: kindString, def: DefaultPath,
+		notInFile: true,
+		doc: "Path of the config file. A missing default file means \"all defaults\"; a missing file " +
+			"named by --config or LIFECYCLE_AGENT_CONFIG is an error. Flag and env only.",
+	},
+	{
+		name: "nodeName", flag: "node-name", scope: GlobalFlags, kind: kindString, def: "",
+		defDoc: "the host name", check: checkNodeName,
+		doc: "Name of this node's Node object. Empty means the host name, lowercased, as the kubelet " +
+			"does by default.",
+		field: func(c *Config) any { return &c.NodeName },
+	},
+	{
+		name: "kubeconfig", flag: "kubeconfig", scope: GlobalFlags, kind: kindString,
+		def: "/etc/kubernetes/kubelet.conf", check: nonEmpty,
+		doc: "Kubeconfig used to reach the API server. The kubelet's own gives the agent the identity " +
+			"system:node:<nodeName>, which the Node authorizer and NodeRestriction confine to this node.",
+		field: func(c *Config) any { return &c.Kubeconfig },
+	},
+	{
+		name: "journalPath", flag: "journal", scope: GlobalFlags, kind: kindString,
+		def: "/var/lib/lifecycle-agent/journal.db", check: nonEmpty,
+		doc: "The bbolt journal of claimed events and their steps. It must live on local, persistent " +
+			"storage: it is what lets a transition resume after a crash or a reboot.",
+		field: func(c *Config) any { return &c.JournalPath },
+	},
+	{
+		name: "socketPath", flag: "socket", scope: GlobalFlags, kind: kindString,
+		def: "/run/lifecycle-agent/agent.sock", check: checkSocketPath,
+		doc:   "Root-only unix socket on which status, request and doctor talk to the running agent.",
+		field: func(c *Config) any { return &c.SocketPath },
+	},
+	{
+		name: "metricsAddress", flag: "metrics-address", scope: RunFlags, kind: kindString,
+		def: "127.0.0.1:9810", check: checkLoopback,
+		doc: "Listen address of the Prometheus /metrics and /healthz endpoints. It must be a loopback " +
+			"IP and a port (127.0.0.1:PORT or [::1]:PORT); any other address is refused.",
+		field: func(c *Config) any { return &c.MetricsAddress },
+	},
+	{
+		name: "apiTimeout", flag: "api-timeout", scope: RunFlags, kind: kindDuration, def: "10s",
+		check: positive,
+		doc: "How long run waits for the API server at start before it carries on offline. Journal " +
+			"replay and local repairs never wait for the API.",
+		field: func(c *Config) any { return &c.APITimeout },
+	},
+	{
+		name: "eventRetention", flag: "event-retention", scope: RunFlags, kind: kindDuration, def: "24h",
+		check: nonNegative,
+		doc: "How long finished LifecycleEvents are kept for audit before the agent deletes them. " +
+			"0 deletes them as soon as they finish.",
+		field: func(c *Config) any { return &c.EventRetention },
+	},
+	{
+		name: "logLevel", flag: "log-level", scope: GlobalFlags, kind: kindString, def: LogLevelInfo,
+		enum:  []string{LogLevelDebug, LogLevelInfo, LogLevelWarn, LogLevelError},
+		doc:   "Least severe log level written.",
+		field: func(c *Config) any { return &c.LogLevel },
+	},
+	{
+		name: "logFormat", flag: "log-format", scope: GlobalFlags, kind: kindString, def: LogFormatText,
+		enum:  []string{LogFormatText, LogFormatJSON},
+		doc:   "Log line format on stderr (the systemd journal).",
+		field: func(c *Config) any { return &c.LogFormat },
+	},
+	{
+		name: "host.mode", flag: "host-mode", scope: RunFlags, kind: kindString, def: HostModeReal,
+		enum: []string{HostModeReal, HostModeSimulate},
+		doc: "How host actions (reboot, shutdown lock, GPU reset, commands) run. real performs them; " +
+			"simulate only logs and journals them, to try the agent on a node safely.",
+		field: func(c *Config) any { return &c.Host.Mode },
+	},
+	{
+		name: "shutdown.budget", flag: "shutdown-budget", scope: RunFlags, kind: kindDuration, def: "5s",
+		check: positive,
+		doc: "Time the agent needs between logind's PrepareForShutdown and releasing its delay lock. " +
+			"At start it warns when logind's InhibitDelayMaxSec is shorter.",
+		field: func(c *Config) any { return &c.Shutdown.Budget },
+	},
+	{
+		name: "shutdown.manageLogindDropIn", kind: kindBool, def: "false",
+		doc: "Write a logind drop-in (/etc/systemd/logind.conf.d/) that raises InhibitDelayMaxSec to " +
+			"at least shutdown.budget. When false the agent only warns.",
+		field: func(c *Config) any { return &c.Shutdown.ManageLogindDropIn },
+	},
+	{
+		name: "drivers.drain.enabled", kind: kindTriBool, defDoc: "on",
+		doc:   "true or false forces the drain driver on or off; empty leaves it on.",
+		field: func(c *Config) any { return &c.Drivers.Drain.Enabled },
+	},
+	{
+		name: "drivers.uncordon.enabled", kind: kindTriBool, defDoc: "on",
+		doc:   "true or false forces the uncordon driver on or off; empty leaves it on.",
+		field: func(c *Config) any { return &c.Drivers.Uncordon.Enabled },
+	},
+	{
+		name: "drivers.reboot.enabled", kind: kindTriBool, defDoc: "on",
+		doc:   "true or false forces the reboot driver on or off; empty leaves it on.",
+		field: func(c *Config) any { return &c.Drivers.Reboot.Enabled },
+	},
+	{
+		name: "drivers.shutdown.enabled", kind: kindTriBool, defDoc: "on",
+		doc:   "true or false forces the shutdown driver on or off; empty leaves it on.",
+		field: func(c *Config) any { return &c.Drivers.Shutdown.Enabled },
+	},
+	{
+		name: "drivers.os-upgrade.enabled", kind: kindTriBool, defDoc: "on when a profile exists",
+		doc: "true or false forces the os-upgrade driver on or off; empty turns it on when " +
+			"osUpgrade.profiles has at least one profile.",
+		field: func(c *Config) any { return &c.Drivers.OSUpgrade.Enabled },
+	},
+	{
+		name: "drivers.gpu-reset.enabled", kind: kindTriBool, defDoc: "on when NVML is present",
+		doc: "true or false forces the gpu-reset driver on or off; empty turns it on when the NVIDIA " +
+			"management library (NVML) loads.",
+		field: func(c *Config) any { return &c.Drivers.GPUReset.Enabled },
+	},
+	{
+		name: "drain.timeout", kind: kindDuration, def: "0s", check: nonNegative,
+		doc: "Longest a drain may wait for its evictions. 0 sets no limit of its own; the event's SLA " +
+			"still applies.",
+		field: func(c *Config) any { return &c.Drain.Timeout },
+	},
+	{
+		name: "drain.evictRetryDelay", kind: kindDuration, def: "5s", check: positive,
+		doc:   "Wait before retrying an eviction that a PodDisruptionBudget refused (HTTP 429).",
+		field: func(c *Config) any { return &c.Drain.EvictRetryDelay },
+	},
+	{
+		name: "reboot.readyTimeout", kind: kindDuration, def: "10m", check: positive,
+		doc: "After a reboot, how long to wait for the kubelet to report the Node Ready before the " +
+			"step fails.",
+		field: func(c *Config) any { return &c.Reboot.ReadyTimeout },
+	},
+	{
+		name: "gpu.resetMethod", kind: kindString, def: ResetMethodAuto,
+		enum: []string{ResetMethodAuto, ResetMethodNvidiaSMI, ResetMethodNVML},
+		doc: "How gpu-reset resets a GPU: nvidia-smi runs nvidia-smi --gpu-reset; nvml uses NVML's " +
+			"drain-state, remove and rediscover calls; auto lets the driver pick per GPU.",
+		field: func(c *Config) any { return &c.GPU.ResetMethod },
+	},
+	{
+		name: "gpu.autoRemediate", kind: kindBool, def: "false",
+		doc: "When true the agent requests a gpu-reset event on its own for a GPU whose health " +
+			"signals call for a reset. When false it only reports them.",
+		field: func(c *Config) any { return &c.GPU.AutoRemediate },
+	},
+	{
+		name: "gpu.services", kind: kindStrings, def: "nvidia-dcgm.service,nvidia-persistenced.service",
+		check: checkUnits,
+		doc: "systemd units that hold GPUs open: stopped before a reset and started again after it. " +
+			"In the environment: a comma-separated list.",
+		field: func(c *Config) any { return &c.GPU.Services },
+	},
+	{
+		name: "osUpgrade.profiles", kind: kindProfiles, defDoc: "none",
+		decode: decodeProfiles, fields: docFields(profileFields),
+		doc: "Named OS-upgrade procedures. An os-upgrade event selects one by name; a command never " +
+			"comes from the API. File only: no flag, no env.",
+		example: `osUpgrade:
+  profiles:
+    ## Run without a shell unless you call one; $PATH is not searched.
+    debian-full-upgrade:
+      command: [/bin/sh, -c, "apt-get update && DEBIAN_FRONTEND=noninteractive apt-get -y full-upgrade"]
+      timeout: 1h
+      rebootPolicy: if-required
+`,
+	},
+	{
+		name: "exec.drivers", kind: kindExecDrivers, defDoc: "none",
+		decode: decodeExecDrivers, fields: docFields(execDriverFields),
+		doc: "Vendor drivers made of ordered local commands. Each one is published as a " +
+			"LifecycleTransition from start to end. File only: no flag, no env.",
+		example: `exec:
+  drivers:
+    - name: example.com/bios-update       ## or just bios-update: lifecycle-agent.x-k8s.io/bios-update
+      start: BIOSUpdateStarted
+      end: BIOSUpdateComplete
+      sla: 2h
+      params: [version]
+      steps:
+        - name: flash
+          command: [/usr/local/sbin/bios-flash]
+          timeout: 30m
+          check: [/usr/local/sbin/bios-flash, --verify]
+`,
+	},
+}
+
+// FlagScope says on which commands a configuration flag is registered.
+type FlagScope int
+
+// Flag scopes. Not stored anywhere.
+const (
+	GlobalFlags FlagScope = 1 // persistent on the root command: every command has them
+	RunFlags    FlagScope = 2 // on `run` only
+)
+
+// key describes one configuration key. See keys.
+type key struct {
+	name      string    // dotted, case-sensitive, as written in the file
+	flag      string    // flag name without "--"; "" for none
+	scope     FlagScope // where the flag is registered
+	kind      *kind
+	def       string   // default in the env-var form, parsed by kind.fromString
+	defDoc    string   // default as the docs show it, when def does not say it well
+	enum      []string // allowed values, for string keys
+	check     func(any) error
+	doc       string
+	notInFile bool // flag and env only (config)
+
+	// field points at the Config field a layered key fills.
+	field func(*Config) any
+
+	// decode reads a structured, file-only key (kindProfiles, kindExecDrivers).
+	decode  func(d *fileDecoder, n *yaml.Node, at string) error
+	fields  []docField // its sub-keys, for the docs
+	example string     // its example for packaging/config.yaml
+}
+
+// layered keys go through viper: defaults, file, env and (some) flags.
+func (k *key) layered() bool { return k.decode == nil && !k.notInFile }
+
+// env is the environment variable for k: EnvPrefix + the key in upper snake
+// case; "." and "-" become "_" (host.mode → LIFECYCLE_AGENT_HOST_MODE).
+func (k *key) env() string {
+	if k.decode != nil {
+		return ""
+	}
+	var b strings.Builder
+	b.WriteString(EnvPrefix)
+	prev := rune(0)
+	for _, r := range k.name {
+		switch {
+		case r == '.' || r == '-':
+			b.WriteByte('_')
+		case unicode.IsUpper(r) && (unicode.IsLower(prev) || unicode.IsDigit(prev)):
+			b.WriteByte('_')
+			b.WriteRune(r)
+		default:
+			b.WriteRune(unicode.ToUpper(r))
+		}
+		prev = r
+	}
+	return b.String()
+}
+
+// hasDefault is false for tri-state and file-only keys: unset stays unset.
+func (k *key) hasDefault() bool { return k.kind != kindTriBool && k.decode == nil }
+
+// defaultValue is def parsed; keys_test checks that every def parses.
+func (k *key) defaultValue() (any, error) { return k.kind.fromString(k.def) }
+
+// validate runs the enum and the key's own check on a typed value.
+func (k *key) validate(v any) error {
+	if len(k.enum) > 0 {
+		s, _ := v.(string)
+		if !contains(k.enum, s) {
+			return fmt.Errorf("invalid value %q; want %s", s, orList(k.enum))
+		}
+	}
+	if k.check != nil {
+		return k.check(v)
+	}
+	return nil
+}
+
+// typeDoc is the type column of the docs.
+func (k *key) typeDoc() string {
+	if len(k.enum) > 0 {
+		return strings.Join(k.enum, " | ")
+	}
+	return k.kind.doc
+}
+
+// defaultDoc is the default column of the docs.
+func (k *key) defaultDoc() string {
+	if k.defDoc != "" {
+		return k.defDoc
+	}
+	if k.kind == kindStrings {
+		return "[" + strings.ReplaceAll(k.def, ",", ", ") + "]"
+	}
+	if k.def == "" {
+		return `""`
+	}
+	return k.def
+}
+
+// usage is the flag's help line: the first sentence of doc plus the env var.
+func (k *key) usage() string {
+	s := k.doc
+	if i := strings.Index(s, ". "); i >= 0 {
+		s = s[:i+1]
+	}
+	if len(k.enum) > 0 {
+		s += " One of " + strings.Join(k.enum, "|") + "."
+	}
+	if k.defDoc != "" {
+		s += " (default: " + k.defDoc + ")"
+	}
+	return s + " [env " + k.env() + "]"
+}
+
+// AddFlags registers the configuration flags of scope on fs, with the
+// defaults and help text from the key table. Load reads them back from the
+// parsed flag set; only flags the user set override env and file.
+func AddFlags(fs *pflag.FlagSet, scope FlagScope) {
+	for _, k := range keys {
+		if k.flag == "" || k.scope != scope {
+			continue
+		}
+		switch k.kind {
+		case kindDuration:
+			d, _ := time.ParseDuration(k.def)
+			fs.Duration(k.flag, d, k.usage())
+		case kindBool:
+			b, _ := strconv.ParseBool(k.def)
+			fs.Bool(k.flag, b, k.usage())
+		default:
+			fs.String(k.flag, k.def, k.usage())
+		}
+	}
+}
+
+// lookupKey finds a key by its dotted name.
+func lookupKey(name string) *key {
+	for _, k := range keys {
+		if k.name == name {
+			return k
+		}
+	}
+	return nil
+}
+
+// --- checks -----------------------------------------------------------
+
+func nonEmpty(v any) error {
+	if v.(string) == "" {
+		return fmt.Errorf("must not be empty")
+	}
+	return nil
+}
+
+func positive(v any) error {
+	if d := v.(time.Duration); d <= 0 {
+		return fmt.Errorf("must be positive, got %s", d)
+	}
+	return nil
+}
+
+func nonNegative(v any) error {
+	if d := v.(time.Duration); d < 0 {
+		return fmt.Errorf("must not be negative, got %s", d)
+	}
+	return nil
+}
+
+// checkNodeName accepts "" (the host name is used) or a DNS-1123 subdomain.
+func checkNodeName(v any) error {
+	s := v.(string)
+	if s == "" {
+		return nil
+	}
+	if errs := validation.IsDNS1123Subdomain(s); len(errs) > 0 {
+		return fmt.Errorf("invalid node name %q: %s", s, errs[0])
+	}
+	return nil
+}
+
+// maxSocketPath is sizeof(sockaddr_un.sun_path) on Linux minus the NUL.
+const maxSocketPath = 107
+
+func checkSocketPath(v any) error {
+	s := v.(string)
+	if s == "" {
+		return fmt.Errorf("must not be empty")
+	}
+	if len(s) > maxSocketPath {
+		return fmt.Errorf("unix socket path is %d bytes long; at most %d fit", len(s), maxSocketPath)
+	}
+	return nil
+}
+
+// checkLoopback accepts only a loopback IP literal and a port 1-65535, so
+// that metrics never listen beyond the host by accident.
+func checkLoopback(v any) error {
+	s := v.(string)
+	ap, err := netip.ParseAddrPort(s)
+	if err != nil {
+		return fmt.Errorf("invalid address %q: want a loopback IP and port such as 127.0.0.1:9810", s)
+	}
+	if !ap.Addr().IsLoopback() {
+		return fmt.Errorf("address %q is not loopback: metrics listen on 127.0.0.1 or [::1] only", s)
+	}
+	if ap.Port() == 0 {
+		return fmt.Errorf("address %q has port 0: want a fixed port such as 127.0.0.1:9810", s)
+	}
+	return nil
+}
+
+var unitRE = regexp.MustCompile(`^[A-Za-z0-9:_.\\@-]+\.(service|socket|target|timer|path|mount|automount|swap|device|scope|slice)$`)
+
+func checkUnits(v any) error {
+	for _, u := range v.([]string) {
+		if !unitRE.MatchString(u) {
+			return fmt.Errorf("invalid systemd unit name %q: want e.g. nvidia-dcgm.service", u)
+		}
+	}
+	return nil
+}
+
+// --- small helpers ----------------------------------------------------
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// orList renders [a b c] as "a, b or c".
+func orList(list []string) string {
+	if len(list) == 1 {
+		return list[0]
+	}
+	return strings.Join(list[:len(list)-1], ", ") + " or " + list[len(list)-1]
+}

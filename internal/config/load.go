@@ -1,0 +1,206 @@
+package config
+
+import (
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/spf13/pflag"
+	"github.com/spf13/viper"
+)
+
+// Options tunes Load. The zero value reads no flags, the process
+// environment and DefaultPath.
+type Options struct {
+	// Flags is the parsed flag set of the command being run (cobra's
+	// cmd.Flags()); flags the user set win over everything else. May be nil.
+	Flags *pflag.FlagSet
+	// DefaultPath replaces DefaultPath, for tests.
+	DefaultPath string
+	// Hostname replaces os.Hostname, for tests.
+	Hostname func() (string, error)
+}
+
+// Load builds the configuration: flags > LIFECYCLE_AGENT_* env > config file
+// > defaults, then validates every value. Every error is an *Error whose
+// message is one line naming the file or variable and the key.
+func Load(o Options) (*Config, error) {
+	path, explicit := configPath(o)
+	if path == "" {
+		return nil, &Error{Source: "flag --config", Msg: "empty path"}
+	}
+	file, err := readFile(path, explicit)
+	if err != nil {
+		return nil, err
+	}
+
+	v := viper.New()
+	for _, k := range keys {
+		if !k.layered() {
+			continue
+		}
+		if k.hasDefault() {
+			def, err := k.defaultValue()
+			if err != nil {
+				return nil, fmt.Errorf("config: key %s: bad built-in default: %w", k.name, err)
+			}
+			v.SetDefault(k.name, def)
+		}
+		if err := v.BindEnv(k.name, k.env()); err != nil {
+			return nil, fmt.Errorf("config: bind %s: %w", k.env(), err)
+		}
+		if f := lookupFlag(o.Flags, k); f != nil {
+			if err := v.BindPFlag(k.name, f); err != nil {
+				return nil, fmt.Errorf("config: bind --%s: %w", k.flag, err)
+			}
+		}
+	}
+
+	cfg := &Config{sources: map[string]string{}}
+	if file != nil {
+		cfg.Path = file.path
+		if err := v.MergeConfigMap(file.nested()); err != nil {
+			return nil, &Error{Source: file.path, Msg: err.Error(), Err: err}
+		}
+		cfg.OSUpgrade = file.osUpgrade
+		cfg.Exec = file.exec
+		for _, name := range []string{"osUpgrade.profiles", "exec.drivers"} {
+			if _, ok := file.lines[name]; ok {
+				cfg.sources[name] = file.at(file.lines[name])
+			}
+		}
+	}
+
+	for _, k := range keys {
+		if !k.layered() {
+			continue
+		}
+		src := source(k, o.Flags, file)
+		raw := v.Get(k.name)
+		if raw == nil { // an unset tri-state key
+			continue
+		}
+		val, err := coerce(k, raw)
+		if err == nil {
+			err = k.validate(val)
+		}
+		if err != nil {
+			if src == "default" {
+				src = ""
+			}
+			return nil, &Error{Source: src, Key: k.name, Msg: err.Error()}
+		}
+		assign(k.field(cfg), val)
+		cfg.sources[k.name] = src
+	}
+
+	if cfg.NodeName == "" {
+		name, err := hostname(o.Hostname)
+		if err != nil {
+			return nil, &Error{Key: "nodeName", Msg: err.Error() + "; set --node-name or " + lookupKey("nodeName").env(), Err: err}
+		}
+		cfg.NodeName = name
+	}
+	return cfg, nil
+}
+
+// configPath resolves --config > LIFECYCLE_AGENT_CONFIG > the default.
+// explicit is true unless the default was used.
+func configPath(o Options) (path string, explicit bool) {
+	k := lookupKey("config")
+	if f := lookupFlag(o.Flags, k); f != nil && f.Changed {
+		return f.Value.String(), true
+	}
+	if p, ok := os.LookupEnv(k.env()); ok && p != "" {
+		return p, true
+	}
+	if o.DefaultPath != "" {
+		return o.DefaultPath, false
+	}
+	return DefaultPath, false
+}
+
+func lookupFlag(fs *pflag.FlagSet, k *key) *pflag.Flag {
+	if fs == nil || k.flag == "" {
+		return nil
+	}
+	return fs.Lookup(k.flag)
+}
+
+// source mirrors viper's precedence to say where k's value came from. Like
+// viper, it ignores empty env vars.
+func source(k *key, fs *pflag.FlagSet, file *fileDecoder) string {
+	if f := lookupFlag(fs, k); f != nil && f.Changed {
+		return "flag --" + k.flag
+	}
+	if val, ok := os.LookupEnv(k.env()); ok && val != "" {
+		return "env " + k.env()
+	}
+	if file != nil {
+		if _, ok := file.values[k.name]; ok {
+			return file.at(file.lines[k.name])
+		}
+	}
+	return "default"
+}
+
+// coerce turns what viper returns into k's Go type: typed values from the
+// file and the defaults pass through; strings from env vars and flags are
+// parsed by the key's kind.
+func coerce(k *key, raw any) (any, error) {
+	switch raw.(type) {
+	case string:
+		return k.kind.fromString(raw.(string))
+	case time.Duration:
+		if k.kind == kindDuration {
+			return raw, nil
+		}
+	case bool:
+		if k.kind == kindBool || k.kind == kindTriBool {
+			return raw, nil
+		}
+	case []string:
+		if k.kind == kindStrings {
+			return raw, nil
+		}
+	}
+	return nil, fmt.Errorf("unexpected value %v (%T)", raw, raw)
+}
+
+// assign stores v in the field ptr points at.
+func assign(ptr, v any) {
+	switch p := ptr.(type) {
+	case *string:
+		*p = v.(string)
+	case *time.Duration:
+		*p = v.(time.Duration)
+	case *bool:
+		*p = v.(bool)
+	case **bool:
+		b := v.(bool)
+		*p = &b
+	case *[]string:
+		*p = slices.Clone(v.([]string))
+	default:
+		panic(fmt.Sprintf("config: field of type %T", ptr))
+	}
+}
+
+// hostname is the default node name: the host name, trimmed and lowercased
+// as the kubelet does when --hostname-override is not given.
+func hostname(fn func() (string, error)) (string, error) {
+	if fn == nil {
+		fn = os.Hostname
+	}
+	h, err := fn()
+	if err != nil {
+		return "", fmt.Errorf("cannot read the host name: %w", err)
+	}
+	h = strings.ToLower(strings.TrimSpace(h))
+	if err := checkNodeName(h); err != nil || h == "" {
+		return "", fmt.Errorf("host name %q is not a valid node name", h)
+	}
+	return h, nil
+}
