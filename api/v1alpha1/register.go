@@ -16,6 +16,7 @@ var SchemeGroupVersion = schema.GroupVersion{Group: GroupName, Version: "v1alpha
 var (
 	TransitionsResource = SchemeGroupVersion.WithResource("lifecycletransitions")
 	EventsResource      = SchemeGroupVersion.WithResource("lifecycleevents")
+	LeasesResource      = SchemeGroupVersion.WithResource("lifecycleleases")
 )
 
 var (
@@ -29,6 +30,7 @@ func addKnownTypes(s *runtime.Scheme) error {
 	s.AddKnownTypes(SchemeGroupVersion,
 		&LifecycleTransition{}, &LifecycleTransitionList{},
 		&LifecycleEvent{}, &LifecycleEventList{},
+		&LifecycleLease{}, &LifecycleLeaseList{},
 	)
 	metav1.AddToGroupVersion(s, SchemeGroupVersion)
 	return nil

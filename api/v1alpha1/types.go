@@ -1,6 +1,7 @@
 package v1alpha1
 
 import (
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
@@ -315,3 +316,35 @@ const (
 
 // SystemNamespace holds the per-node and disruption-slot Leases.
 const SystemNamespace = "lifecycle-system"
+
+// +kubebuilder:object:root=true
+// +kubebuilder:resource:scope=Namespaced,shortName=llease
+// +kubebuilder:printcolumn:name="Holder",type=string,JSONPath=`.spec.holderIdentity`
+// +kubebuilder:printcolumn:name="Event",type=string,JSONPath=`.metadata.annotations.lifecycle\.x-k8s\.io/event`
+// +kubebuilder:printcolumn:name="Renewed",type=date,JSONPath=`.spec.renewTime`
+
+// LifecycleLease (ext) is a coordination Lease of our own group. The agent
+// holds one per node (node-<name>) while an event is claimed, and one slot
+// per disruption budget (<group>-<i>), in namespace lifecycle-system.
+//
+// Why not coordination.k8s.io Leases: the agent runs as the kubelet
+// (system:node:<name>), and the NodeRestriction admission plugin lets node
+// identities touch Leases only in kube-node-lease, and there only the one
+// named after the node. The spec is coordination/v1's LeaseSpec, unchanged.
+type LifecycleLease struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// spec is a coordination/v1 LeaseSpec.
+	// +optional
+	Spec coordinationv1.LeaseSpec `json:"spec,omitempty"`
+}
+
+// +kubebuilder:object:root=true
+
+// LifecycleLeaseList contains a list of LifecycleLease resources.
+type LifecycleLeaseList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []LifecycleLease `json:"items"`
+}

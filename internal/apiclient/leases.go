@@ -1,0 +1,203 @@
+package apiclient
+
+import (
+	"context"
+
+	"errors"
+	"fmt"
+	coordv1 "k8s.io/api/coordination/v1"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/lifecycle-agent/lifecycle-agent/api/v1alpha1"
+)
+
+// Lease annotations: which event a lease is held for.
+const (
+	AnnotationLeaseEvent    = "lifecycle.x-k8s.io/event"
+	AnnotationLeaseEventUID = "lifecycle.x-k8s.io/event-uid"
+)
+
+// ErrLeaseHeld means another live holder has the lease.
+var ErrLeaseHeld = errors.New("apiclient: lease held by another agent")
+
+// ErrNoSlot means every disruption-budget slot of a group is taken.
+var ErrNoSlot = errors.New("apiclient: no free disruption-budget slot")
+
+// LeaseHolder says who holds a lease and for which event.
+type LeaseHolder struct {
+	Identity string
+	Event    string
+	EventUID string
+	Duration time.Duration
+}
+
+// NodeLeaseName is the per-node Lease held while an event is claimed.
+func NodeLeaseName(node string) string { return "node-" + node }
+
+// SlotLeaseName is the i-th disruption-budget slot of group.
+func SlotLeaseName(group string, i int) string { return fmt.Sprintf("%s-%d", group, i) }
+
+func expired(l *v1alpha1.LifecycleLease, now time.Time) bool {
+	if l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity == "" {
+		return true
+	}
+	if l.Spec.RenewTime == nil || l.Spec.LeaseDurationSeconds == nil {
+		return true
+	}
+	return now.After(l.Spec.RenewTime.Add(time.Duration(*l.Spec.LeaseDurationSeconds) * time.Second))
+}
+
+// AcquireNodeLease takes or renews this node's Lease for h. It fails with
+// ErrLeaseHeld while another identity holds an unexpired lease. Updates carry
+// the resourceVersion, so of two racing agents exactly one wins.
+func (c *Client) AcquireNodeLease(ctx context.Context, h LeaseHolder, now time.Time) error {
+	return c.acquire(ctx, NodeLeaseName(c.Node), h, now, nil)
+}
+
+// ReleaseNodeLease gives up this node's Lease if h holds it.
+func (c *Client) ReleaseNodeLease(ctx context.Context, identity string) error {
+	return c.release(ctx, NodeLeaseName(c.Node), identity)
+}
+
+// NodeLeaseHolder returns the holder of this node's Lease ("" if free or expired).
+func (c *Client) NodeLeaseHolder(ctx context.Context, now time.Time) (string, error) {
+	l, err := c.LC.Leases(v1alpha1.SystemNamespace).Get(ctx, NodeLeaseName(c.Node), metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return "", nil
+	}
+	if err != nil {
+		return "", err
+	}
+	if expired(l, now) {
+		return "", nil
+	}
+	return *l.Spec.HolderIdentity, nil
+}
+
+// AcquireSlot takes one of the Leases <group>-0 … <group>-(max-1) for h, or
+// renews the one h already holds. A slot is free when it does not exist, its
+// lease expired, or the event it was taken for has ended or is gone.
+func (c *Client) AcquireSlot(ctx context.Context, group string, max int, h LeaseHolder, now time.Time) (string, error) {
+	leases := c.LC.Leases(v1alpha1.SystemNamespace)
+	// Renew first, wherever we already hold one.
+	for i := 0; i < max; i++ {
+		name := SlotLeaseName(group, i)
+		l, err := leases.Get(ctx, name, metav1.GetOptions{})
+		if err == nil && l.Spec.HolderIdentity != nil && *l.Spec.HolderIdentity == h.Identity && l.Annotations[AnnotationLeaseEventUID] == h.EventUID {
+			return name, c.acquire(ctx, name, h, now, nil)
+		}
+	}
+	for i := 0; i < max; i++ {
+		name := SlotLeaseName(group, i)
+		err := c.acquire(ctx, name, h, now, c.slotEventEnded)
+		if err == nil {
+			return name, nil
+		}
+		if !errors.Is(err, ErrLeaseHeld) && !apierrors.IsConflict(err) && !apierrors.IsAlreadyExists(err) {
+			return "", err
+		}
+	}
+	return "", ErrNoSlot
+}
+
+// ReleaseSlot gives up a slot lease if identity holds it.
+func (c *Client) ReleaseSlot(ctx context.Context, name, identity string) error {
+	return c.release(ctx, name, identity)
+}
+
+// slotEventEnded reports whether the event a slot was taken for has ended.
+func (c *Client) slotEventEnded(ctx context.Context, l *v1alpha1.LifecycleLease) bool {
+	name := l.Annotations[AnnotationLeaseEvent]
+	if name == "" {
+		return true
+	}
+	ev, err := c.LC.Events.Get(ctx, name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return true
+	}
+	if err != nil {
+		return false // fail closed: cannot tell, so the slot stays taken
+	}
+	if uid := l.Annotations[AnnotationLeaseEventUID]; uid != "" && string(ev.UID) != uid {
+		return true // a new event with the old name
+	}
+	return ev.Status.ClaimStatus.Finished()
+}
+
+func (c *Client) acquire(ctx context.Context, name string, h LeaseHolder, now time.Time, stale func(context.Context, *v1alpha1.LifecycleLease) bool) error {
+	leases := c.LC.Leases(v1alpha1.SystemNamespace)
+	secs := int32(h.Duration / time.Second)
+	if secs < 1 {
+		secs = 40
+	}
+	mt := metav1.NewMicroTime(now)
+	l, err := leases.Get(ctx, name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		l = &v1alpha1.LifecycleLease{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: v1alpha1.SystemNamespace,
+				Annotations: map[string]string{AnnotationLeaseEvent: h.Event, AnnotationLeaseEventUID: h.EventUID}},
+			Spec: coordv1.LeaseSpec{HolderIdentity: &h.Identity, LeaseDurationSeconds: &secs, AcquireTime: &mt, RenewTime: &mt},
+		}
+		if _, err := leases.Create(ctx, l, metav1.CreateOptions{}); err != nil {
+			if apierrors.IsAlreadyExists(err) {
+				return fmt.Errorf("%w: %s (created concurrently)", ErrLeaseHeld, name)
+			}
+			return fmt.Errorf("apiclient: create lease %s: %w", name, err)
+		}
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("apiclient: get lease %s: %w", name, err)
+	}
+	ours := l.Spec.HolderIdentity != nil && *l.Spec.HolderIdentity == h.Identity
+	if !ours && !expired(l, now) && (stale == nil || !stale(ctx, l)) {
+		return fmt.Errorf("%w: %s is held by %s", ErrLeaseHeld, name, *l.Spec.HolderIdentity)
+	}
+	if l.Annotations == nil {
+		l.Annotations = map[string]string{}
+	}
+	if !ours || l.Annotations[AnnotationLeaseEventUID] != h.EventUID {
+		l.Spec.AcquireTime = &mt
+		if l.Spec.LeaseTransitions == nil {
+			l.Spec.LeaseTransitions = new(int32)
+		}
+		*l.Spec.LeaseTransitions++
+	}
+	l.Annotations[AnnotationLeaseEvent] = h.Event
+	l.Annotations[AnnotationLeaseEventUID] = h.EventUID
+	l.Spec.HolderIdentity = &h.Identity
+	l.Spec.LeaseDurationSeconds = &secs
+	l.Spec.RenewTime = &mt
+	if _, err := leases.Update(ctx, l, metav1.UpdateOptions{}); err != nil {
+		if apierrors.IsConflict(err) {
+			return fmt.Errorf("%w: %s (lost a race)", ErrLeaseHeld, name)
+		}
+		return fmt.Errorf("apiclient: update lease %s: %w", name, err)
+	}
+	return nil
+}
+
+func (c *Client) release(ctx context.Context, name, identity string) error {
+	leases := c.LC.Leases(v1alpha1.SystemNamespace)
+	l, err := leases.Get(ctx, name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("apiclient: get lease %s: %w", name, err)
+	}
+	if l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity != identity {
+		return nil
+	}
+	empty := ""
+	l.Spec.HolderIdentity = &empty
+	delete(l.Annotations, AnnotationLeaseEvent)
+	delete(l.Annotations, AnnotationLeaseEventUID)
+	if _, err := leases.Update(ctx, l, metav1.UpdateOptions{}); err != nil && !apierrors.IsConflict(err) {
+		return fmt.Errorf("apiclient: release lease %s: %w", name, err)
+	}
+	return nil
+}

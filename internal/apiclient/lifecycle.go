@@ -1,0 +1,152 @@
+package apiclient
+
+import (
+	"context"
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
+
+	"github.com/lifecycle-agent/lifecycle-agent/api/v1alpha1"
+)
+
+// LabelManagedBy marks the transitions an agent publishes for its node.
+const LabelManagedBy = "app.kubernetes.io/managed-by"
+
+// ManagedByAgent is the value of LabelManagedBy on published transitions.
+const ManagedByAgent = "lifecycle-agent"
+
+// GetEvent reads one event from the server.
+func (c *Client) GetEvent(ctx context.Context, name string) (*v1alpha1.LifecycleEvent, error) {
+	return c.LC.Events.Get(ctx, name, metav1.GetOptions{})
+}
+
+// UpdateEventStatus writes ev.Status with ev's resourceVersion as a
+// precondition; a 409 means someone else changed the event first.
+func (c *Client) UpdateEventStatus(ctx context.Context, ev *v1alpha1.LifecycleEvent) (*v1alpha1.LifecycleEvent, error) {
+	return c.LC.Events.UpdateStatus(ctx, ev, metav1.UpdateOptions{})
+}
+
+// SetFinalizer adds (on=true) or removes the agent's finalizer, retrying
+// on conflicts with a fresh read.
+func (c *Client) SetFinalizer(ctx context.Context, name string, on bool) error {
+	for i := 0; i < 5; i++ {
+		ev, err := c.GetEvent(ctx, name)
+		if apierrors.IsNotFound(err) && !on {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		has := false
+		var keep []string
+		for _, f := range ev.Finalizers {
+			if f == v1alpha1.Finalizer {
+				has = true
+				continue
+			}
+			keep = append(keep, f)
+		}
+		if has == on {
+			return nil
+		}
+		if on {
+			ev.Finalizers = append(ev.Finalizers, v1alpha1.Finalizer)
+		} else {
+			ev.Finalizers = keep
+		}
+		_, err = c.LC.Events.Update(ctx, ev, metav1.UpdateOptions{})
+		if err == nil || (apierrors.IsNotFound(err) && !on) {
+			return nil
+		}
+		if !apierrors.IsConflict(err) {
+			return fmt.Errorf("apiclient: finalizer on %s: %w", name, err)
+		}
+	}
+	return fmt.Errorf("apiclient: finalizer on %s: too many conflicts", name)
+}
+
+// DeleteEvent deletes a finished event (eventRetention), guarded by its UID.
+func (c *Client) DeleteEvent(ctx context.Context, ev *v1alpha1.LifecycleEvent) error {
+	err := c.LC.Events.Delete(ctx, ev.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &ev.UID}})
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	return err
+}
+
+// GetTransition reads a transition.
+func (c *Client) GetTransition(ctx context.Context, name string) (*v1alpha1.LifecycleTransition, error) {
+	return c.LC.Transitions.Get(ctx, name, metav1.GetOptions{})
+}
+
+// TransitionApplies reports whether t names this node: by nodeName, by
+// nodeSelector against the Node's labels, or allNodes.
+func TransitionApplies(t *v1alpha1.LifecycleTransition, node *corev1.Node) (bool, error) {
+	s := t.Spec
+	switch {
+	case s.NodeName != nil:
+		return *s.NodeName == node.Name, nil
+	case s.AllNodes != nil && *s.AllNodes:
+		return true, nil
+	case s.NodeSelector != nil:
+		sel, err := nodeaffinity.NewNodeSelector(s.NodeSelector)
+		if err != nil {
+			return false, fmt.Errorf("transition %s: nodeSelector: %w", t.Name, err)
+		}
+		return sel.Match(node), nil
+	}
+	return false, nil
+}
+
+// PublishTransitions makes this node's published transitions equal want:
+// it creates missing ones (owned by the Node, so they go when it goes) and
+// deletes published ones no longer wanted (a disabled driver).
+func (c *Client) PublishTransitions(ctx context.Context, node *corev1.Node, want []v1alpha1.LifecycleTransition) error {
+	have, err := c.LC.Transitions.List(ctx, metav1.ListOptions{
+		FieldSelector: "spec.nodeName=" + c.Node, LabelSelector: LabelManagedBy + "=" + ManagedByAgent,
+	})
+	if err != nil {
+		return fmt.Errorf("apiclient: list transitions of %s: %w", c.Node, err)
+	}
+	wanted := map[string]bool{}
+	for i := range want {
+		t := want[i].DeepCopy()
+		wanted[t.Name] = true
+		if t.Labels == nil {
+			t.Labels = map[string]string{}
+		}
+		t.Labels[LabelManagedBy] = ManagedByAgent
+		t.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "Node", Name: node.Name, UID: node.UID}}
+		_, err := c.LC.Transitions.Create(ctx, t, metav1.CreateOptions{})
+		if apierrors.IsAlreadyExists(err) {
+			old, gerr := c.LC.Transitions.Get(ctx, t.Name, metav1.GetOptions{})
+			if gerr == nil && !equalSpec(old.Spec, t.Spec) {
+				// The spec is immutable: replace the object.
+				if derr := c.LC.Transitions.Delete(ctx, t.Name, metav1.DeleteOptions{}); derr == nil {
+					_, err = c.LC.Transitions.Create(ctx, t, metav1.CreateOptions{})
+				}
+			} else {
+				err = nil
+			}
+		}
+		if err != nil {
+			return fmt.Errorf("apiclient: publish transition %s: %w", t.Name, err)
+		}
+	}
+	for _, t := range have.Items {
+		if !wanted[t.Name] {
+			if err := c.LC.Transitions.Delete(ctx, t.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+				return fmt.Errorf("apiclient: remove transition %s: %w", t.Name, err)
+			}
+		}
+	}
+	return nil
+}
+
+func equalSpec(a, b v1alpha1.LifecycleTransitionSpec) bool {
+	return a.Start == b.Start && a.End == b.End && a.Driver == b.Driver &&
+		((a.Sla == nil) == (b.Sla == nil)) && (a.Sla == nil || a.Sla.Duration == b.Sla.Duration)
+}

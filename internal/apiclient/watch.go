@@ -1,0 +1,79 @@
+package apiclient
+
+import (
+	"context"
+	"fmt"
+
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/tools/cache"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/lifecycle-agent/lifecycle-agent/api/v1alpha1"
+)
+
+// EventWatch is an informer over the LifecycleEvents bound to one node,
+// filtered by the server (spec.bindingNode=<node>).
+type EventWatch struct {
+	informer cache.SharedIndexInformer
+}
+
+// WatchEvents starts an informer over this node's events and calls notify
+// with the name of every event that was added, changed or deleted. notify
+// must not block. Set unfiltered only for the benchmark's comparison.
+func (c *Client) WatchEvents(ctx context.Context, notify func(name string), unfiltered bool) (*EventWatch, error) {
+	opts := BindingNodeSelector(c.Node)
+	if unfiltered {
+		opts = metav1.ListOptions{}
+	}
+	lw := &cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			o.FieldSelector = opts.FieldSelector
+			return c.LC.Events.List(ctx, o)
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			o.FieldSelector = opts.FieldSelector
+			return c.LC.Events.Watch(ctx, o)
+		},
+	}
+	inf := cache.NewSharedIndexInformer(lw, &v1alpha1.LifecycleEvent{}, 0, cache.Indexers{})
+	h := func(obj any) {
+		if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+			obj = d.Obj
+		}
+		if ev, ok := obj.(*v1alpha1.LifecycleEvent); ok && (unfiltered && ev.Spec.BindingNode == c.Node || !unfiltered) {
+			notify(ev.Name)
+		}
+	}
+	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    h,
+		UpdateFunc: func(_, n any) { h(n) },
+		DeleteFunc: h,
+	}); err != nil {
+		return nil, fmt.Errorf("apiclient: watch events: %w", err)
+	}
+	go inf.RunWithContext(ctx)
+	return &EventWatch{informer: inf}, nil
+}
+
+// Synced reports whether the first list has completed.
+func (w *EventWatch) Synced() bool { return w.informer.HasSynced() }
+
+// Get returns the cached event by name.
+func (w *EventWatch) Get(name string) (*v1alpha1.LifecycleEvent, bool) {
+	obj, ok, err := w.informer.GetStore().GetByKey(name)
+	if err != nil || !ok {
+		return nil, false
+	}
+	return obj.(*v1alpha1.LifecycleEvent), true
+}
+
+// List returns every cached event of this node.
+func (w *EventWatch) List() []*v1alpha1.LifecycleEvent {
+	var out []*v1alpha1.LifecycleEvent
+	for _, o := range w.informer.GetStore().List() {
+		out = append(out, o.(*v1alpha1.LifecycleEvent))
+	}
+	return out
+}
