@@ -1,0 +1,637 @@
+// Package devicestest builds devices.Managers over go-nvml's mock DGX servers
+// (mock/dgxh100 and mock/dgxa100) for the tests of the packages that use
+// devices (the gpu-reset driver, gpuhealth, the gpu commands). It is a
+// non-test package so that those tests can share it, and it lives under
+// internal/devices because it imports go-nvml (STYLE 2).
+//
+// A Fleet is the hardware: eight GPUs whose health signals, processes, MIG
+// and persistence modes, fabric state and reset behaviour are plain fields
+// (GPU) that a test changes with Set. Every NVML call the devices package
+// makes is wired to that model — go-nvml's mock panics on an unset func —
+// and every mutating call is recorded in order (Calls):
+//
+//	persistence <uuid> on|off     SetPersistenceMode
+//	drain <uuid> on|off           DeviceModifyDrainState
+//	remove <uuid>                 DeviceRemoveGpu / DeviceRemoveGpu_v2 (accepted)
+//	remove <uuid> refused         … answered ERROR_IN_USE
+//	discover                      DeviceDiscoverGpus
+//	nvidia-smi --gpu-reset -i <uuid,…> [refused]   the SMI route (SMIRunner, RunSMI)
+//	reset <uuid>                  a reset took effect on that GPU
+//
+// A reset (NVML route: removal then rediscovery; SMI route: one nvidia-smi
+// run) clears what a real reset clears: pending retired pages, pending row
+// remaps, volatile ECC counters, the recovery action and latched state; on a
+// DGX H100 the fabric then reports IN_PROGRESS for FabricPollsAfterReset
+// reads before COMPLETED. Resets counts them per GPU, which is what crash
+// tests assert ("exactly one reset per GPU").
+//
+// Models: DGXH100 (Hopper on NVSwitch: single GPUs may be reset, fabric
+// registration is reported) and DGXA100 (Ampere on NVSwitch: the reset group
+// is the whole set, GetGpuFabricInfo is NOT_SUPPORTED).
+//
+// Removed GPUs stay visible to enumeration (the mock does not renumber); the
+// model is about what is called and how often, not about PCI hot-plug.
+package devicestest
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"log/slog"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxh100"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
+	"k8s.io/utils/clock"
+
+	"github.com/lifecycle-agent/lifecycle-agent/internal/devices"
+)
+
+// Model names a mock server.
+type Model string
+
+const (
+	// DGXH100 is eight H100 SXM5 GPUs on NVSwitch (Hopper): single GPUs may
+	// be reset; fabric registration is reported and waited for.
+	DGXH100 Model = "dgxh100"
+	// DGXA100 is eight A100 GPUs on NVSwitch (Ampere): the reset group is the
+	// whole set; GetGpuFabricInfo answers NOT_SUPPORTED.
+	DGXA100 Model = "dgxa100"
+)
+
+// Models lists both, for table tests.
+var Models = []Model{DGXH100, DGXA100}
+
+// GPU is the mutable state of one mock GPU. Change it with Fleet.Set; read
+// it with Fleet.GPU.
+type GPU struct {
+	Persistence  bool
+	ComputePIDs  []uint32
+	GraphicsPIDs []uint32
+	MIG          bool
+
+	RetiredPagesPending    bool
+	RemappedRowsPending    bool
+	RemappedRowsFailure    bool
+	ECCVolatileUncorrected uint64
+	RecoveryAction         devices.RecoveryAction
+
+	// FabricState is what GetGpuFabricInfo reports (DGX H100 only).
+	FabricState devices.FabricState
+	// FabricPollsAfterReset: after a reset the fabric reports IN_PROGRESS for
+	// this many reads, then COMPLETED.
+	FabricPollsAfterReset int
+
+	// FailReset makes every reset of this GPU fail: the NVML removal answers
+	// ERROR_IN_USE, nvidia-smi exits 1.
+	FailReset bool
+	// Lost makes identity and signal reads answer ERROR_GPU_IS_LOST.
+	Lost bool
+
+	// Set by the fleet.
+	Resets        int // resets that took effect
+	ResetAttempts int // resets tried (refused ones included)
+	Removed       bool
+
+	fabricPending int
+	drained       bool // NVML drain state (DeviceModifyDrainState)
+}
+
+// Fleet is a mock DGX: a go-nvml mock server with every NVML call of the
+// devices package wired to a GPU model. Safe for concurrent use.
+type Fleet struct {
+	model Model
+	srv   *server.Server
+
+	mu          sync.Mutex
+	gpus        []*GPU
+	calls       []string
+	sets        []chan nvml.EventData // live event sets, each with its queue
+	setsCreated int
+}
+
+// New builds a fleet of the given model with healthy, idle GPUs:
+// persistence off, MIG off, no processes, recovery action NONE, fabric
+// COMPLETED (H100).
+func New(model Model) *Fleet {
+	var srv *server.Server
+	switch model {
+	case DGXH100:
+		srv = dgxh100.New()
+	case DGXA100:
+		srv = dgxa100.New()
+	default:
+		panic(fmt.Sprintf("devicestest: unknown model %q", model))
+	}
+	f := &Fleet{model: model, srv: srv}
+	for i := range srv.Devices {
+		g := &GPU{RecoveryAction: devices.RecoveryActionNone}
+		if model == DGXH100 {
+			g.FabricState = devices.FabricCompleted
+		}
+		f.gpus = append(f.gpus, g)
+		f.wireDevice(i)
+	}
+	f.wireServer()
+	return f
+}
+
+// Model is the fleet's model.
+func (f *Fleet) Model() Model { return f.model }
+
+// NVML is the mock library, for devices.Config.NVML.
+func (f *Fleet) NVML() nvml.Interface { return f.srv }
+
+// Len is the number of GPUs.
+func (f *Fleet) Len() int { return len(f.srv.Devices) }
+
+// UUID is GPU i's UUID.
+func (f *Fleet) UUID(i int) string { return f.dev(i).UUID }
+
+// UUIDs returns the UUIDs of the given indices, or of every GPU when none
+// are given.
+func (f *Fleet) UUIDs(idx ...int) []string {
+	if len(idx) == 0 {
+		for i := range f.srv.Devices {
+			idx = append(idx, i)
+		}
+	}
+	out := make([]string, 0, len(idx))
+	for _, i := range idx {
+		out = append(out, f.UUID(i))
+	}
+	return out
+}
+
+// Index returns the index of the GPU with that UUID, or -1.
+func (f *Fleet) Index(uuid string) int {
+	for i := range f.srv.Devices {
+		if f.UUID(i) == uuid {
+			return i
+		}
+	}
+	return -1
+}
+
+// Set changes GPU i under the fleet's lock.
+func (f *Fleet) Set(i int, fn func(*GPU)) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	fn(f.gpus[i])
+}
+
+// SetAll changes every GPU.
+func (f *Fleet) SetAll(fn func(*GPU)) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, g := range f.gpus {
+		fn(g)
+	}
+}
+
+// GPU returns a copy of GPU i's state.
+func (f *Fleet) GPU(i int) GPU {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	g := *f.gpus[i]
+	g.ComputePIDs = slices.Clone(g.ComputePIDs)
+	g.GraphicsPIDs = slices.Clone(g.GraphicsPIDs)
+	return g
+}
+
+// Resets returns the number of resets that took effect, per UUID (every GPU
+// is listed, zeros included).
+func (f *Fleet) Resets() map[string]int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := make(map[string]int, len(f.gpus))
+	for i, g := range f.gpus {
+		out[f.UUID(i)] = g.Resets
+	}
+	return out
+}
+
+// Calls returns the recorded mutating calls, in order.
+func (f *Fleet) Calls() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.calls)
+}
+
+// ClearCalls forgets the recorded calls.
+func (f *Fleet) ClearCalls() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls = nil
+}
+
+// Options tune Manager.
+type Options struct {
+	Clock              clock.Clock   // nil: the real clock
+	Logger             *slog.Logger  // nil: discard
+	FabricPollInterval time.Duration // 0: devices' default
+	FabricTimeout      time.Duration // 0: devices' default
+	EventWait          time.Duration // 0: 20 ms (the mock's Wait never blocks longer)
+}
+
+// Manager builds and initializes a devices.Manager over the fleet. The
+// caller calls Shutdown. Several Managers over one fleet model agent
+// restarts: the hardware state survives, the in-process state does not.
+func (f *Fleet) Manager(o Options) (*devices.Manager, error) {
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if o.EventWait == 0 {
+		o.EventWait = 20 * time.Millisecond
+	}
+	m, err := devices.New(devices.Config{
+		NVML: f.srv, Logger: o.Logger, Clock: o.Clock, EventWait: o.EventWait,
+		FabricPollInterval: o.FabricPollInterval, FabricTimeout: o.FabricTimeout,
+	})
+	if err != nil {
+		return nil, err
+	}
+	if err := m.Init(); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// SMIRunner is a devices.CommandRunner that plays nvidia-smi for
+// `nvidia-smi --gpu-reset -i <uuid,…>` against the fleet; any other command
+// fails.
+func (f *Fleet) SMIRunner() devices.CommandRunner {
+	return func(_ context.Context, name string, args ...string) ([]byte, []byte, error) {
+		out, err := f.RunSMI(append([]string{name}, args...))
+		if err != nil {
+			return []byte(out), []byte(err.Error()), err
+		}
+		return []byte(out), nil, nil
+	}
+}
+
+// RunSMI plays nvidia-smi for argv (argv[0] is the binary). Like the real
+// tool it refuses the whole reset when any named GPU has processes,
+// persistence mode on, or FailReset set.
+func (f *Fleet) RunSMI(argv []string) (string, error) {
+	if len(argv) != 4 || filepath.Base(argv[0]) != "nvidia-smi" || argv[1] != "--gpu-reset" || argv[2] != "-i" {
+		return "", fmt.Errorf("devicestest: unexpected command %q", argv)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	uuids := strings.Split(argv[3], ",")
+	var targets []int
+	var refusals []string
+	for _, u := range uuids {
+		i := f.Index(u)
+		if i < 0 {
+			f.calls = append(f.calls, "nvidia-smi --gpu-reset -i "+argv[3]+" refused")
+			return "", fmt.Errorf("exit status 6: No devices were found matching %s", u)
+		}
+		g := f.gpus[i]
+		g.ResetAttempts++
+		switch {
+		case g.FailReset, len(g.ComputePIDs) > 0, len(g.GraphicsPIDs) > 0:
+			refusals = append(refusals, fmt.Sprintf("GPU %s is currently in use by another process", f.dev(i).PciBusID))
+		case g.Persistence:
+			refusals = append(refusals, fmt.Sprintf("GPU %s: persistence mode is enabled", f.dev(i).PciBusID))
+		}
+		targets = append(targets, i)
+	}
+	if len(refusals) > 0 {
+		f.calls = append(f.calls, "nvidia-smi --gpu-reset -i "+argv[3]+" refused")
+		return "", fmt.Errorf("exit status 1: %s; 1 device is currently being used by one or more other processes", strings.Join(refusals, "; "))
+	}
+	f.calls = append(f.calls, "nvidia-smi --gpu-reset -i "+argv[3])
+	var out []string
+	for _, i := range targets {
+		f.applyReset(i)
+		out = append(out, fmt.Sprintf("GPU %s was successfully reset.", f.dev(i).PciBusID))
+	}
+	return strings.Join(out, "\n"), nil
+}
+
+// InjectXID delivers a critical-XID event for GPU i to every live event
+// set, as NVML does: a watcher started before the call sees it.
+func (f *Fleet) InjectXID(i int, xid uint64) {
+	f.deliver(nvml.EventData{Device: f.dev(i), EventType: uint64(nvml.EventTypeXidCriticalError), EventData: xid})
+}
+
+// InjectRecoveryAction delivers a GPU-recovery-action event for GPU i.
+func (f *Fleet) InjectRecoveryAction(i int, a devices.RecoveryAction) {
+	f.deliver(nvml.EventData{Device: f.dev(i), EventType: uint64(nvml.EventTypeGpuRecoveryAction), EventData: uint64(a)})
+}
+
+func (f *Fleet) deliver(e nvml.EventData) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, ch := range f.sets {
+		select {
+		case ch <- e:
+		default: // a full queue drops, like an overrun NVML event buffer
+		}
+	}
+}
+
+// EventSets reports how many event sets are live (created, not freed) and
+// how many were ever created: a test waits for a watcher to be in place
+// before it injects events.
+func (f *Fleet) EventSets() (live, created int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.sets), f.setsCreated
+}
+
+// applyReset makes a reset of GPU i take effect. Call under f.mu.
+func (f *Fleet) applyReset(i int) {
+	g := f.gpus[i]
+	g.Resets++
+	g.Removed = false
+	g.RetiredPagesPending = false
+	g.RemappedRowsPending = false
+	g.ECCVolatileUncorrected = 0
+	g.RecoveryAction = devices.RecoveryActionNone
+	if f.model == DGXH100 {
+		g.fabricPending = g.FabricPollsAfterReset
+		g.FabricState = devices.FabricInProgress
+		if g.fabricPending == 0 {
+			g.FabricState = devices.FabricCompleted
+		}
+	}
+	f.calls = append(f.calls, "reset "+f.UUID(i))
+}
+
+func (f *Fleet) dev(i int) *server.Device { return f.srv.Devices[i].(*server.Device) }
+
+// byBus finds the GPU a PciInfo names. Call under f.mu.
+func (f *Fleet) byBus(p *nvml.PciInfo) (int, *GPU, bool) {
+	bus := cString(p.BusId[:])
+	for i := range f.srv.Devices {
+		if f.dev(i).PciBusID == bus {
+			return i, f.gpus[i], true
+		}
+	}
+	return -1, nil, false
+}
+
+func cString(b []int8) string {
+	var s []byte
+	for _, c := range b {
+		if c == 0 {
+			break
+		}
+		s = append(s, byte(c))
+	}
+	return string(s)
+}
+
+func onOff(b bool) string {
+	if b {
+		return "on"
+	}
+	return "off"
+}
+
+func (f *Fleet) wireServer() {
+	s := f.srv
+	s.DeviceModifyDrainStateFunc = func(p *nvml.PciInfo, st nvml.EnableState) nvml.Return {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		i, g, ok := f.byBus(p)
+		if !ok {
+			return nvml.ERROR_NOT_FOUND
+		}
+		f.calls = append(f.calls, fmt.Sprintf("drain %s %s", f.UUID(i), onOff(st == nvml.FEATURE_ENABLED)))
+		g.drained = st == nvml.FEATURE_ENABLED
+		return nvml.SUCCESS
+	}
+	s.DeviceQueryDrainStateFunc = func(p *nvml.PciInfo) (nvml.EnableState, nvml.Return) {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		_, g, ok := f.byBus(p)
+		if !ok {
+			return 0, nvml.ERROR_NOT_FOUND
+		}
+		if g.drained {
+			return nvml.FEATURE_ENABLED, nvml.SUCCESS
+		}
+		return nvml.FEATURE_DISABLED, nvml.SUCCESS
+	}
+	remove := func(p *nvml.PciInfo) nvml.Return {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		i, g, ok := f.byBus(p)
+		if !ok {
+			return nvml.ERROR_NOT_FOUND
+		}
+		g.ResetAttempts++
+		if g.FailReset || len(g.ComputePIDs) > 0 || len(g.GraphicsPIDs) > 0 || g.Persistence {
+			f.calls = append(f.calls, "remove "+f.UUID(i)+" refused")
+			return nvml.ERROR_IN_USE
+		}
+		f.calls = append(f.calls, "remove "+f.UUID(i))
+		g.Removed = true
+		return nvml.SUCCESS
+	}
+	s.DeviceRemoveGpu_v2Func = func(p *nvml.PciInfo, _ nvml.DetachGpuState, _ nvml.PcieLinkState) nvml.Return {
+		return remove(p)
+	}
+	s.DeviceRemoveGpuFunc = remove
+	s.DeviceDiscoverGpusFunc = func() (nvml.PciInfo, nvml.Return) {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		f.calls = append(f.calls, "discover")
+		for i, g := range f.gpus {
+			g.drained = false
+			if g.Removed {
+				f.applyReset(i)
+			}
+		}
+		return nvml.PciInfo{}, nvml.SUCCESS
+	}
+	s.EventSetCreateFunc = func() (nvml.EventSet, nvml.Return) {
+		ch := make(chan nvml.EventData, 64)
+		f.mu.Lock()
+		f.sets = append(f.sets, ch)
+		f.setsCreated++
+		f.mu.Unlock()
+		return &mock.EventSet{
+			WaitFunc: func(ms uint32) (nvml.EventData, nvml.Return) {
+				// The mock driver's own time, not the logic's: bounded and short.
+				t := time.NewTimer(min(time.Duration(ms)*time.Millisecond, 20*time.Millisecond))
+				defer t.Stop()
+				select {
+				case e := <-ch:
+					return e, nvml.SUCCESS
+				case <-t.C:
+					return nvml.EventData{}, nvml.ERROR_TIMEOUT
+				}
+			},
+			FreeFunc: func() nvml.Return {
+				f.mu.Lock()
+				defer f.mu.Unlock()
+				f.sets = slices.DeleteFunc(f.sets, func(c chan nvml.EventData) bool { return c == ch })
+				return nvml.SUCCESS
+			},
+		}, nvml.SUCCESS
+	}
+}
+
+func (f *Fleet) wireDevice(i int) {
+	d := f.dev(i)
+	// read runs fn on GPU i's state under the lock; a lost GPU answers
+	// ERROR_GPU_IS_LOST.
+	read := func(fn func(g *GPU) nvml.Return) nvml.Return {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		if f.gpus[i].Lost {
+			return nvml.ERROR_GPU_IS_LOST
+		}
+		return fn(f.gpus[i])
+	}
+	d.GetUUIDFunc = func() (string, nvml.Return) {
+		ret := read(func(*GPU) nvml.Return { return nvml.SUCCESS })
+		if ret != nvml.SUCCESS {
+			return "", ret
+		}
+		return d.UUID, nvml.SUCCESS
+	}
+	d.GetPciInfoFunc = func() (nvml.PciInfo, nvml.Return) {
+		p := nvml.PciInfo{Bus: uint32(d.Index), PciDeviceId: d.Config.PciDeviceId}
+		for j := 0; j < len(d.PciBusID) && j < len(p.BusId)-1; j++ {
+			p.BusId[j] = int8(d.PciBusID[j])
+		}
+		return p, nvml.SUCCESS
+	}
+	d.GetPersistenceModeFunc = func() (nvml.EnableState, nvml.Return) {
+		var on bool
+		ret := read(func(g *GPU) nvml.Return { on = g.Persistence; return nvml.SUCCESS })
+		if on {
+			return nvml.FEATURE_ENABLED, ret
+		}
+		return nvml.FEATURE_DISABLED, ret
+	}
+	d.SetPersistenceModeFunc = func(m nvml.EnableState) nvml.Return {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		g := f.gpus[i]
+		g.Persistence = m == nvml.FEATURE_ENABLED
+		f.calls = append(f.calls, fmt.Sprintf("persistence %s %s", d.UUID, onOff(g.Persistence)))
+		return nvml.SUCCESS
+	}
+	procs := func(graphics bool) ([]nvml.ProcessInfo, nvml.Return) {
+		var out []nvml.ProcessInfo
+		ret := read(func(g *GPU) nvml.Return {
+			pids := g.ComputePIDs
+			if graphics {
+				pids = g.GraphicsPIDs
+			}
+			for _, p := range pids {
+				out = append(out, nvml.ProcessInfo{Pid: p, UsedGpuMemory: 1 << 30})
+			}
+			return nvml.SUCCESS
+		})
+		return out, ret
+	}
+	d.GetComputeRunningProcessesFunc = func() ([]nvml.ProcessInfo, nvml.Return) { return procs(false) }
+	d.GetGraphicsRunningProcessesFunc = func() ([]nvml.ProcessInfo, nvml.Return) { return procs(true) }
+	d.GetMigModeFunc = func() (int, int, nvml.Return) {
+		mode := nvml.DEVICE_MIG_DISABLE
+		ret := read(func(g *GPU) nvml.Return {
+			if g.MIG {
+				mode = nvml.DEVICE_MIG_ENABLE
+			}
+			return nvml.SUCCESS
+		})
+		return mode, mode, ret
+	}
+	d.GetRetiredPagesPendingStatusFunc = func() (nvml.EnableState, nvml.Return) {
+		st := nvml.FEATURE_DISABLED
+		ret := read(func(g *GPU) nvml.Return {
+			if g.RetiredPagesPending {
+				st = nvml.FEATURE_ENABLED
+			}
+			return nvml.SUCCESS
+		})
+		return st, ret
+	}
+	d.GetRemappedRowsFunc = func() (int, int, bool, bool, nvml.Return) {
+		var pending, failure bool
+		ret := read(func(g *GPU) nvml.Return {
+			if g.MIG {
+				return nvml.ERROR_NOT_SUPPORTED // as on real GPUs
+			}
+			pending, failure = g.RemappedRowsPending, g.RemappedRowsFailure
+			return nvml.SUCCESS
+		})
+		return 0, 0, pending, failure, ret
+	}
+	d.GetTotalEccErrorsFunc = func(et nvml.MemoryErrorType, _ nvml.EccCounterType) (uint64, nvml.Return) {
+		var n uint64
+		ret := read(func(g *GPU) nvml.Return {
+			if et == nvml.MEMORY_ERROR_TYPE_UNCORRECTED {
+				n = g.ECCVolatileUncorrected
+			}
+			return nvml.SUCCESS
+		})
+		return n, ret
+	}
+	d.GetFieldValuesFunc = func(vals []nvml.FieldValue) nvml.Return {
+		return read(func(g *GPU) nvml.Return {
+			for k := range vals {
+				if vals[k].FieldId != nvml.FI_DEV_GET_GPU_RECOVERY_ACTION {
+					vals[k].NvmlReturn = uint32(nvml.ERROR_NOT_SUPPORTED)
+					continue
+				}
+				vals[k].NvmlReturn = uint32(nvml.SUCCESS)
+				vals[k].ValueType = uint32(nvml.VALUE_TYPE_UNSIGNED_INT)
+				binary.NativeEndian.PutUint32(vals[k].Value[:], uint32(g.RecoveryAction))
+			}
+			return nvml.SUCCESS
+		})
+	}
+	d.GetGpuFabricInfoFunc = func() (nvml.GpuFabricInfo, nvml.Return) {
+		if f.model != DGXH100 {
+			return nvml.GpuFabricInfo{}, nvml.ERROR_NOT_SUPPORTED
+		}
+		var fi nvml.GpuFabricInfo
+		ret := read(func(g *GPU) nvml.Return {
+			if g.fabricPending > 0 {
+				g.fabricPending--
+				fi.State = uint8(devices.FabricInProgress)
+				if g.fabricPending == 0 {
+					g.FabricState = devices.FabricCompleted
+				}
+				return nvml.SUCCESS
+			}
+			fi.State = uint8(g.FabricState)
+			return nvml.SUCCESS
+		})
+		return fi, ret
+	}
+	links := 12 // A100: 12 NVLinks, all to NVSwitches
+	if f.model == DGXH100 {
+		links = 18
+	}
+	d.GetNvLinkStateFunc = func(link int) (nvml.EnableState, nvml.Return) {
+		if link >= links {
+			return 0, nvml.ERROR_INVALID_ARGUMENT
+		}
+		return nvml.FEATURE_ENABLED, read(func(*GPU) nvml.Return { return nvml.SUCCESS })
+	}
+	d.GetNvLinkRemoteDeviceTypeFunc = func(int) (nvml.IntNvLinkDeviceType, nvml.Return) {
+		return nvml.NVLINK_DEVICE_TYPE_SWITCH, nvml.SUCCESS
+	}
+	d.GetSupportedEventTypesFunc = func() (uint64, nvml.Return) {
+		return uint64(nvml.EventTypeAll), nvml.SUCCESS
+	}
+	d.RegisterEventsFunc = func(uint64, nvml.EventSet) nvml.Return { return nvml.SUCCESS }
+}

@@ -1,0 +1,142 @@
+package devicestest
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/lifecycle-agent/lifecycle-agent/internal/devices"
+)
+
+func manager(t *testing.T, f *Fleet) *devices.Manager {
+	t.Helper()
+	m, err := f.Manager(Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := m.Shutdown(); err != nil {
+			t.Error(err)
+		}
+	})
+	return m
+}
+
+func TestModels(t *testing.T) {
+	tests := []struct {
+		name      string
+		model     Model
+		wantGroup int
+		fabric    bool
+	}{
+		{name: "dgxh100", model: DGXH100, wantGroup: 1, fabric: true},
+		{name: "dgxa100", model: DGXA100, wantGroup: 8},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			f := New(tc.model)
+			m := manager(t, f)
+			s, err := m.Snapshot()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(s.GPUs) != 8 || !s.NVSwitch {
+				t.Fatalf("%d GPUs, NVSwitch %v", len(s.GPUs), s.NVSwitch)
+			}
+			rep := devices.Evaluate(s)
+			if len(rep.Unhealthy()) != 0 || rep.Condition.Reason != devices.ReasonAllHealthy {
+				t.Errorf("a new fleet is not healthy: %+v", rep.Condition)
+			}
+			if s.GPUs[0].Fabric.Known != tc.fabric {
+				t.Errorf("fabric known %v, want %v", s.GPUs[0].Fabric.Known, tc.fabric)
+			}
+			g, err := m.ResetGroup(f.UUIDs(0))
+			if err != nil || len(g.UUIDs) != tc.wantGroup {
+				t.Errorf("ResetGroup: %d GPUs, %v; want %d", len(g.UUIDs), err, tc.wantGroup)
+			}
+		})
+	}
+}
+
+func TestResetRoutes(t *testing.T) {
+	tests := []struct {
+		name      string
+		method    devices.ResetMethod
+		busy      bool
+		wantCalls []string // with %0 for GPU 0's UUID
+		wantErr   string
+	}{
+		{name: "nvml", method: devices.ResetMethodNVML,
+			wantCalls: []string{"drain %0 on", "remove %0", "discover", "reset %0"}},
+		{name: "nvml busy", method: devices.ResetMethodNVML, busy: true, wantErr: "ERROR_IN_USE",
+			wantCalls: []string{"drain %0 on", "remove %0 refused", "drain %0 off"}},
+		{name: "nvidia-smi", method: devices.ResetMethodSMI,
+			wantCalls: []string{"nvidia-smi --gpu-reset -i %0", "reset %0"}},
+		{name: "nvidia-smi busy", method: devices.ResetMethodSMI, busy: true, wantErr: "in use by another process",
+			wantCalls: []string{"nvidia-smi --gpu-reset -i %0 refused"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			f := New(DGXH100)
+			m := manager(t, f)
+			f.Set(0, func(g *GPU) {
+				g.RetiredPagesPending = true
+				g.FabricPollsAfterReset = 2
+				if tc.busy {
+					g.ComputePIDs = []uint32{7}
+				}
+			})
+			r, err := m.NewResetter(devices.ResetterConfig{Method: tc.method, Runner: f.SMIRunner()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = r.Reset(context.Background(), f.UUIDs(0))
+			var want []string
+			for _, c := range tc.wantCalls {
+				want = append(want, strings.ReplaceAll(c, "%0", f.UUID(0)))
+			}
+			if got := f.Calls(); !slices.Equal(got, want) {
+				t.Errorf("calls %q, want %q", got, want)
+			}
+			resets := 1
+			if tc.wantErr != "" {
+				resets = 0
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Errorf("Reset: %v, want %q", err, tc.wantErr)
+				}
+			} else if err != nil {
+				t.Fatalf("Reset: %v", err)
+			}
+			if got := f.Resets()[f.UUID(0)]; got != resets {
+				t.Errorf("%d resets, want %d", got, resets)
+			}
+			if tc.wantErr != "" {
+				return
+			}
+			g := f.GPU(0)
+			if g.RetiredPagesPending || g.FabricState != devices.FabricInProgress {
+				t.Errorf("after reset: %+v", g)
+			}
+			for range 2 {
+				if _, err := m.Snapshot(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := m.WaitFabricCompleted(context.Background(), f.UUID(0)); err != nil {
+				t.Errorf("fabric after 2 reads: %v", err)
+			}
+		})
+	}
+}
+
+func TestLost(t *testing.T) {
+	f := New(DGXA100)
+	m := manager(t, f)
+	f.Set(3, func(g *GPU) { g.Lost = true })
+	err := m.VerifyHealthy(f.UUIDs())
+	if err == nil || !errors.Is(err, devices.ErrUnknownGPU) && !errors.Is(err, devices.ErrUnhealthy) {
+		t.Errorf("VerifyHealthy with a lost GPU: %v", err)
+	}
+}

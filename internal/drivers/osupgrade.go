@@ -1,0 +1,276 @@
+package drivers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/lifecycle-agent/lifecycle-agent/internal/config"
+)
+
+// Values of the os-upgrade driver's parameters.mode.
+const (
+	OSUpgradeModeProfile  = "profile"
+	OSUpgradeModeExternal = "external"
+)
+
+// DefaultProfileTimeout applies to a profile whose timeout is zero (the
+// config's own default is 1h).
+const DefaultProfileTimeout = time.Hour
+
+// OSUpgrade is lifecycle-agent.x-k8s.io/os-upgrade: OSUpgradeStarted →
+// OSUpgradeComplete, for provisioning pipelines. The API names a profile,
+// never a command: commands come only from the root-owned local config
+// (osUpgrade.profiles).
+//
+// Steps, mode=profile (the default):
+//   - cordon, evict, wait-empty: the drain (always).
+//   - upgrade: runs the profile's command through HostOps.RunTransient, as
+//     the transient unit lifecycle-os-upgrade-<event>.service, so that a
+//     package upgrade that restarts the agent cannot kill it, while holding
+//     a logind block inhibitor on "shutdown:sleep". The command gets the
+//     environment LIFECYCLE_EVENT, LIFECYCLE_NODE, LIFECYCLE_PROFILE and,
+//     when given, LIFECYCLE_TARGET_VERSION_ID and LIFECYCLE_TARGET_KERNEL.
+//     It must be idempotent: a replay (an agent restart, a crash) runs it
+//     again, after waiting for a still-running unit of the same name to
+//     end. The block lock is released when the command has ended, just
+//     before the engine journals the step done; a shutdown in that instant
+//     makes a replay run the command once more.
+//   - reboot (rebootPolicy always or if-required): as the reboot driver's
+//     reboot step; with if-required it reboots only when the command left
+//     /run/reboot-required (HostOps.RebootRequired). Not planned for never.
+//   - verify: compares /etc/os-release VERSION_ID with targetVersionID and
+//     the kernel release with targetKernel; a mismatch fails and names the
+//     expected and the found value.
+//   - wait-ready: as the reboot driver's (unless waitForReady=false).
+//   - uncordon: lifts the cordon this event made, and only that one.
+//
+// Steps, mode=external: the drain; wait-reboot, which reports that the
+// node is drained and waits for the provisioning pipeline to upgrade and
+// reboot the node itself (done when the boot ID differs from the one
+// journaled with the step's intent, that is on the replay after the boot;
+// bounded only by the event's sla); then verify, wait-ready and uncordon.
+//
+// Parameters:
+//
+//	mode                profile (default) or external
+//	profile             profile mode, required: a name from osUpgrade.profiles
+//	targetVersionID     expected VERSION_ID of /etc/os-release after the upgrade
+//	targetKernel        expected kernel release (uname -r) after the upgrade
+//	waitForReady        bool, default true
+//	rebootAttempts      profile mode: 1..10, default 3
+//	gracePeriodSeconds, deleteEmptyDirData, podSelector: the drain's
+//
+// Undone on abort (the engine's default): the cordon, if this event made
+// it. Nothing of the upgrade itself is undone.
+//
+// Failure modes: an unknown profile is refused at Plan with the list of
+// configured profiles; a failing or timed-out command fails the step with
+// its exit status and output (the full output is in journalctl -u <unit>);
+// the reboot fails as the reboot driver's does; a target mismatch fails
+// verify; in external mode a pipeline that never reboots the node runs into
+// the event's sla.
+type OSUpgrade struct {
+	RebootConfig
+	// Profiles are osUpgrade.profiles from the local config.
+	Profiles map[string]config.OSUpgradeProfile
+}
+
+func (OSUpgrade) Name() string       { return Prefix + "os-upgrade" }
+func (OSUpgrade) Short() string      { return "os-upgrade" }
+func (OSUpgrade) Start() string      { return "OSUpgradeStarted" }
+func (OSUpgrade) End() string        { return "OSUpgradeComplete" }
+func (OSUpgrade) SLA() time.Duration { return 4 * time.Hour }
+
+var osUpgradeParams = []string{"mode", "profile", "targetVersionID", "targetKernel", "waitForReady", "rebootAttempts"}
+
+// profileNames lists the configured profiles, sorted, for messages.
+func (d OSUpgrade) profileNames() string {
+	if len(d.Profiles) == 0 {
+		return "none (osUpgrade.profiles is empty)"
+	}
+	names := make([]string, 0, len(d.Profiles))
+	for n := range d.Profiles {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	return strings.Join(names, ", ")
+}
+
+func (d OSUpgrade) Plan(m map[string]string) ([]Step, error) {
+	o, err := DrainOptionsFrom(m, d.DrainRetryDelay, osUpgradeParams...)
+	if err != nil {
+		return nil, err
+	}
+	p := newParams(pick(m, osUpgradeParams...), osUpgradeParams...)
+	mode := p.str("mode", OSUpgradeModeProfile)
+	waitReady := p.bool("waitForReady", true)
+	attempts := p.int("rebootAttempts", DefaultRebootAttempts, 1, MaxRebootAttempts)
+	t := target{versionID: p.str("targetVersionID", ""), kernel: p.str("targetKernel", "")}
+	for _, k := range []string{"targetVersionID", "targetKernel"} {
+		if v, ok := m[k]; ok && strings.TrimSpace(v) == "" {
+			p.errs = append(p.errs, fmt.Errorf("%w: parameters.%s is empty; leave it out to skip that check", ErrBadParameter, k))
+		}
+	}
+	var prof config.OSUpgradeProfile
+	name, hasProfile := m["profile"]
+	switch mode {
+	case OSUpgradeModeProfile:
+		var ok bool
+		prof, ok = d.Profiles[name]
+		switch {
+		case !hasProfile:
+			p.errs = append(p.errs, fmt.Errorf("%w: parameters.profile is required with mode=profile; configured profiles: %s", ErrBadParameter, d.profileNames()))
+		case !ok:
+			p.errs = append(p.errs, fmt.Errorf("%w: parameters.profile: unknown profile %q; configured profiles: %s", ErrBadParameter, name, d.profileNames()))
+		case len(prof.Command) == 0:
+			p.errs = append(p.errs, fmt.Errorf("%w: parameters.profile: profile %q has no command in the local config", ErrBadParameter, name))
+		}
+	case OSUpgradeModeExternal:
+		for _, k := range []string{"profile", "rebootAttempts"} {
+			if _, ok := m[k]; ok {
+				p.errs = append(p.errs, fmt.Errorf("%w: parameters.%s applies only to mode=profile (in mode=external the pipeline reboots the node)", ErrBadParameter, k))
+			}
+		}
+	default:
+		p.errs = append(p.errs, fmt.Errorf("%w: parameters.mode: %q is not %s or %s", ErrBadParameter, mode, OSUpgradeModeProfile, OSUpgradeModeExternal))
+	}
+	if err := p.err(); err != nil {
+		return nil, err
+	}
+
+	steps := DrainSteps(o)
+	if mode == OSUpgradeModeExternal {
+		steps = append(steps, d.waitRebootStep())
+	} else {
+		steps = append(steps, d.upgradeStep(name, prof, t))
+		switch prof.RebootPolicy {
+		case config.RebootNever:
+		case config.RebootAlways:
+			steps = append(steps, d.rebootStep("reboot", attempts, nil))
+		default: // config.RebootIfRequired, the config's default
+			steps = append(steps, d.rebootStep("reboot", attempts, func(rt Runtime) (bool, string) {
+				if rt.Host().RebootRequired() {
+					return true, ""
+				}
+				return false, fmt.Sprintf("profile %s: no reboot required (rebootPolicy %s, no /run/reboot-required)", name, config.RebootIfRequired)
+			}))
+		}
+	}
+	steps = append(steps, verifyStep(t))
+	if waitReady {
+		steps = append(steps, d.readyStep())
+	}
+	return append(steps, uncordonOursStep()), nil
+}
+
+// target is what verify expects after the upgrade; empty fields are not
+// checked.
+type target struct {
+	versionID, kernel string
+}
+
+// upgradeStep runs the profile's command in a transient unit under a block
+// inhibitor.
+func (d OSUpgrade) upgradeStep(name string, prof config.OSUpgradeProfile, t target) Step {
+	return Step{Name: "upgrade", Disruptive: true, Run: func(ctx context.Context, rt Runtime) error {
+		h := rt.Host()
+		unit := transientUnitName("lifecycle-os-upgrade-", rt.EventName())
+		release, err := h.Inhibit(ctx, "shutdown:sleep", fmt.Sprintf("os-upgrade profile %s running (event %s)", name, rt.EventName()))
+		if err != nil {
+			return fmt.Errorf("take the block inhibitor before the upgrade: %w", err)
+		}
+		defer release()
+		env := []string{"LIFECYCLE_EVENT=" + rt.EventName(), "LIFECYCLE_NODE=" + rt.Node(), "LIFECYCLE_PROFILE=" + name}
+		if t.versionID != "" {
+			env = append(env, "LIFECYCLE_TARGET_VERSION_ID="+t.versionID)
+		}
+		if t.kernel != "" {
+			env = append(env, "LIFECYCLE_TARGET_KERNEL="+t.kernel)
+		}
+		timeout := orDefault(prof.Timeout, DefaultProfileTimeout)
+		rt.Progress(fmt.Sprintf("running os-upgrade profile %s as %s (timeout %s)", name, unit, timeout))
+		if err := h.RunTransient(ctx, unit, prof.Command, env, timeout); err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return fmt.Errorf("os-upgrade profile %s failed (journalctl -u %s has its output): %w", name, unit, err)
+		}
+		rt.Progress(fmt.Sprintf("os-upgrade profile %s finished", name))
+		return nil
+	}}
+}
+
+// waitRebootStep is mode=external's wait for the pipeline's reboot.
+func (d OSUpgrade) waitRebootStep() Step {
+	return Step{
+		Name:       "wait-reboot",
+		Disruptive: true,
+		Run: func(ctx context.Context, rt Runtime) error {
+			h := rt.Host()
+			before := h.BootID()
+			rt.Progress(fmt.Sprintf("node drained; waiting for the provisioning pipeline to upgrade and reboot it (boot ID now %s)", before))
+			for {
+				changed, err := d.waitFor(ctx, time.Hour, func() bool { return h.BootID() != before })
+				if err != nil {
+					return err
+				}
+				if changed {
+					rt.Progress(fmt.Sprintf("rebooted: boot ID %s → %s", before, h.BootID()))
+					return nil
+				}
+			}
+		},
+		Done: BootChanged,
+	}
+}
+
+// verifyStep checks the upgrade's target after the boot.
+func verifyStep(t target) Step {
+	return Step{Name: "verify", Run: func(ctx context.Context, rt Runtime) error {
+		if t.versionID == "" && t.kernel == "" {
+			rt.Progress("no targetVersionID or targetKernel given; nothing to verify")
+			return nil
+		}
+		version, kernel, err := rt.Host().OSRelease()
+		if err != nil {
+			return fmt.Errorf("read the OS version to verify the upgrade: %w", err)
+		}
+		var bad []string
+		if t.versionID != "" && version != t.versionID {
+			bad = append(bad, fmt.Sprintf("/etc/os-release VERSION_ID is %q, expected %q (parameters.targetVersionID)", version, t.versionID))
+		}
+		if t.kernel != "" && kernel != t.kernel {
+			bad = append(bad, fmt.Sprintf("the running kernel is %q, expected %q (parameters.targetKernel)", kernel, t.kernel))
+		}
+		if len(bad) > 0 {
+			return errors.New("the upgrade did not reach its target: " + strings.Join(bad, "; "))
+		}
+		rt.Progress(fmt.Sprintf("upgrade verified: VERSION_ID %q, kernel %q", version, kernel))
+		return nil
+	}}
+}
+
+// transientUnitName makes a valid, bounded systemd service name from
+// prefix and an event name (a DNS subdomain).
+func transientUnitName(prefix, event string) string {
+	var b strings.Builder
+	b.WriteString(prefix)
+	for _, r := range event {
+		switch {
+		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '-', r == '_':
+			b.WriteRune(r)
+		default:
+			b.WriteByte('-')
+		}
+	}
+	name := b.String()
+	const max = 255 - len(".service")
+	if len(name) > max {
+		name = name[:max]
+	}
+	return name + ".service"
+}

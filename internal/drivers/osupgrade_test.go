@@ -1,0 +1,299 @@
+package drivers
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/lifecycle-agent/lifecycle-agent/internal/config"
+)
+
+func testProfiles() map[string]config.OSUpgradeProfile {
+	return map[string]config.OSUpgradeProfile{
+		"apt": {Command: []string{"/usr/local/sbin/upgrade-apt", "--yes"}, Timeout: 30 * time.Minute, RebootPolicy: config.RebootIfRequired},
+		"dnf": {Command: []string{"/usr/local/sbin/upgrade-dnf"}, RebootPolicy: config.RebootAlways},
+		"fw":  {Command: []string{"/usr/local/sbin/flash-config"}, RebootPolicy: config.RebootNever},
+	}
+}
+
+func TestOSUpgradePlan(t *testing.T) {
+	tests := []struct {
+		name    string
+		params  map[string]string
+		steps   []string
+		wantErr string
+	}{
+		{name: "profile, reboot if required",
+			params: map[string]string{"profile": "apt", "targetVersionID": "13"},
+			steps:  []string{"cordon", "evict", "wait-empty", "upgrade", "reboot", "verify", "wait-ready", "uncordon"}},
+		{name: "profile with rebootPolicy never: no reboot step",
+			params: map[string]string{"mode": "profile", "profile": "fw", "waitForReady": "false"},
+			steps:  []string{"cordon", "evict", "wait-empty", "upgrade", "verify", "uncordon"}},
+		{name: "external mode waits for the pipeline's reboot",
+			params: map[string]string{"mode": "external", "targetKernel": "6.12.0-1-amd64"},
+			steps:  []string{"cordon", "evict", "wait-empty", "wait-reboot", "verify", "wait-ready", "uncordon"}},
+		{name: "unknown profile lists the configured ones",
+			params:  map[string]string{"profile": "yum"},
+			wantErr: `parameters.profile: unknown profile "yum"; configured profiles: apt, dnf, fw`},
+		{name: "profile mode needs a profile",
+			params:  map[string]string{"targetVersionID": "13"},
+			wantErr: "parameters.profile is required with mode=profile; configured profiles: apt, dnf, fw"},
+		{name: "external mode takes no profile",
+			params:  map[string]string{"mode": "external", "profile": "apt"},
+			wantErr: "parameters.profile applies only to mode=profile"},
+		{name: "unknown mode",
+			params:  map[string]string{"mode": "pxe"},
+			wantErr: `parameters.mode: "pxe" is not profile or external`},
+		{name: "empty target",
+			params:  map[string]string{"profile": "apt", "targetVersionID": " "},
+			wantErr: "parameters.targetVersionID is empty"},
+		{name: "a command is never a parameter",
+			params:  map[string]string{"profile": "apt", "command": "/bin/sh -c reboot"},
+			wantErr: `unknown parameter "command"`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			steps, err := OSUpgrade{Profiles: testProfiles()}.Plan(tt.params)
+			if tt.wantErr != "" {
+				if !errors.Is(err, ErrBadParameter) || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("Plan error = %v, want ErrBadParameter containing %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("Plan: %v", err)
+			}
+			if got := stepNames(steps); !slices.Equal(got, tt.steps) {
+				t.Errorf("steps = %v, want %v", got, tt.steps)
+			}
+		})
+	}
+}
+
+func TestOSUpgradeNoProfilesConfigured(t *testing.T) {
+	_, err := OSUpgrade{}.Plan(map[string]string{"profile": "apt"})
+	if !errors.Is(err, ErrBadParameter) || !strings.Contains(err.Error(), "configured profiles: none (osUpgrade.profiles is empty)") {
+		t.Fatalf("Plan error = %v", err)
+	}
+}
+
+func TestOSUpgradeRun(t *testing.T) {
+	drainCalls := []string{"rt.Own cordon/node-a", "api.Cordon ev-1", "api.Drain", "api.PodsLeft"}
+	upgradeCalls := []string{"host.Inhibit shutdown:sleep",
+		"host.RunTransient lifecycle-os-upgrade-ev-1.service /usr/local/sbin/upgrade-apt --yes",
+		"host.Release shutdown:sleep"}
+	join := func(parts ...[]string) []string { return slices.Concat(parts...) }
+	tests := []struct {
+		name   string
+		params map[string]string
+		setup  func(rt *fakeRuntime)
+
+		failedStep string
+		wantErr    string
+		calls      []string
+		cordoned   bool
+		progress   string
+	}{
+		{
+			name:   "profile: upgrade, reboot required, verified after boot, uncordon ours",
+			params: map[string]string{"profile": "apt", "targetVersionID": "13", "targetKernel": "6.12.0-1-amd64"},
+			setup: func(rt *fakeRuntime) {
+				rt.host.rebootRequired, rt.host.rebootChangesBoot = true, true
+				rt.host.nextVersion, rt.host.nextKernel = "13", "6.12.0-1-amd64"
+			},
+			calls: join(drainCalls, upgradeCalls, []string{"host.RebootRequired", "host.Reboot", "host.OSRelease",
+				"api.NodeReady", "api.Uncordon ev-1 force=false", "rt.Disown cordon/node-a"}),
+			progress: `upgrade verified: VERSION_ID "13", kernel "6.12.0-1-amd64"`,
+		},
+		{
+			name:   "profile: no reboot required, none done",
+			params: map[string]string{"profile": "apt"},
+			calls: join(drainCalls, upgradeCalls, []string{"host.RebootRequired",
+				"api.NodeReady", "api.Uncordon ev-1 force=false", "rt.Disown cordon/node-a"}),
+			progress: "profile apt: no reboot required",
+		},
+		{
+			name:   "profile command fails: the error names the profile, the unit and the output",
+			params: map[string]string{"profile": "apt"},
+			setup: func(rt *fakeRuntime) {
+				rt.host.transientErr = &exitErr{status: 100, stderr: "E: Unmet dependencies. Try 'apt --fix-broken install'"}
+			},
+			failedStep: "upgrade",
+			wantErr:    "os-upgrade profile apt failed (journalctl -u lifecycle-os-upgrade-ev-1.service has its output): exit code 100; stderr: E: Unmet dependencies",
+			calls:      join(drainCalls, upgradeCalls),
+			cordoned:   true,
+		},
+		{
+			name:       "block inhibitor refused: nothing runs",
+			params:     map[string]string{"profile": "apt"},
+			setup:      func(rt *fakeRuntime) { rt.host.inhibitErr = errors.New("logind: access denied") },
+			failedStep: "upgrade",
+			wantErr:    "take the block inhibitor before the upgrade: logind: access denied",
+			calls:      join(drainCalls, []string{"host.Inhibit shutdown:sleep"}),
+			cordoned:   true,
+		},
+		{
+			name:   "version mismatch after the boot names expected and found",
+			params: map[string]string{"profile": "dnf", "targetVersionID": "13", "targetKernel": "6.12.0-1-amd64"},
+			setup: func(rt *fakeRuntime) {
+				rt.host.rebootChangesBoot = true
+				rt.host.nextKernel = "6.12.0-1-amd64" // the kernel moved, the release did not
+			},
+			failedStep: "verify",
+			wantErr:    `the upgrade did not reach its target: /etc/os-release VERSION_ID is "12", expected "13" (parameters.targetVersionID)`,
+			calls: join(drainCalls, []string{"host.Inhibit shutdown:sleep",
+				"host.RunTransient lifecycle-os-upgrade-ev-1.service /usr/local/sbin/upgrade-dnf",
+				"host.Release shutdown:sleep", "host.Reboot", "host.OSRelease"}),
+			cordoned: true,
+		},
+		{
+			name:       "kernel mismatch",
+			params:     map[string]string{"profile": "fw", "targetKernel": "6.12.0-1-amd64"},
+			failedStep: "verify",
+			wantErr:    `the running kernel is "6.1.0", expected "6.12.0-1-amd64" (parameters.targetKernel)`,
+			calls: join(drainCalls, []string{"host.Inhibit shutdown:sleep",
+				"host.RunTransient lifecycle-os-upgrade-ev-1.service /usr/local/sbin/flash-config",
+				"host.Release shutdown:sleep", "host.OSRelease"}),
+			cordoned: true,
+		},
+		{
+			name:   "external: the wait ends on the pipeline's reboot (new boot ID), then verify",
+			params: map[string]string{"mode": "external", "targetVersionID": "13"},
+			setup: func(rt *fakeRuntime) {
+				rt.host.bootChangeAfter = 5 // the pipeline reboots while we wait
+				rt.host.nextVersion = "13"
+			},
+			calls: join(drainCalls, []string{"host.OSRelease", "api.NodeReady",
+				"api.Uncordon ev-1 force=false", "rt.Disown cordon/node-a"}),
+			progress: "waiting for the provisioning pipeline to upgrade and reboot it (boot ID now boot-1)",
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			rt := newFake()
+			if tt.setup != nil {
+				tt.setup(rt)
+			}
+			steps, err := OSUpgrade{RebootConfig: fastReboot(), Profiles: testProfiles()}.Plan(tt.params)
+			if err != nil {
+				t.Fatalf("Plan: %v", err)
+			}
+			failed, err := runSteps(t, steps, rt)
+			if tt.wantErr == "" && err != nil {
+				t.Fatalf("step %s failed: %v", failed, err)
+			}
+			if tt.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tt.wantErr)) {
+				t.Fatalf("error = %v, want one containing %q", err, tt.wantErr)
+			}
+			if failed != tt.failedStep {
+				t.Errorf("failed step = %q, want %q", failed, tt.failedStep)
+			}
+			if got := rt.rec.list(); !slices.Equal(got, tt.calls) {
+				t.Errorf("calls =\n  %q\nwant\n  %q", got, tt.calls)
+			}
+			if rt.host.held != 0 {
+				t.Errorf("%d block locks still held", rt.host.held)
+			}
+			if rt.api.cordoned != tt.cordoned {
+				t.Errorf("node cordoned = %t, want %t", rt.api.cordoned, tt.cordoned)
+			}
+			if tt.progress != "" && !rt.progressed(tt.progress) {
+				t.Errorf("no progress message contains %q; got:\n%s", tt.progress, rt.allProgress())
+			}
+		})
+	}
+}
+
+// TestOSUpgradeProfileCommand checks what the transient unit gets: the
+// profile's argv from local config, its timeout, and the event's facts only
+// as environment.
+func TestOSUpgradeProfileCommand(t *testing.T) {
+	rt := newFake()
+	rt.event = "upgrade.node-a.2030"
+	rt.host.version = "13"
+	steps, err := OSUpgrade{RebootConfig: fastReboot(), Profiles: testProfiles()}.
+		Plan(map[string]string{"profile": "apt", "targetVersionID": "13"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := runSteps(t, steps, rt); err != nil {
+		t.Fatal(err)
+	}
+	if len(rt.host.transients) != 1 {
+		t.Fatalf("transient runs = %d, want 1", len(rt.host.transients))
+	}
+	got := rt.host.transients[0]
+	if got.unit != "lifecycle-os-upgrade-upgrade-node-a-2030.service" {
+		t.Errorf("unit = %q", got.unit)
+	}
+	if !slices.Equal(got.argv, []string{"/usr/local/sbin/upgrade-apt", "--yes"}) || got.timeout != 30*time.Minute {
+		t.Errorf("argv, timeout = %q, %s", got.argv, got.timeout)
+	}
+	wantEnv := []string{"LIFECYCLE_EVENT=upgrade.node-a.2030", "LIFECYCLE_NODE=node-a", "LIFECYCLE_PROFILE=apt", "LIFECYCLE_TARGET_VERSION_ID=13"}
+	if !slices.Equal(got.env, wantEnv) {
+		t.Errorf("env = %q, want %q", got.env, wantEnv)
+	}
+}
+
+// TestOSUpgradeExternalDoneOnReplay: in external mode the real agent is
+// stopped by the pipeline's reboot while it waits; the replay after the
+// boot finds the wait step done from the journaled intent's boot ID — also
+// for an intent written by an older agent version before the reboot.
+func TestOSUpgradeExternalDoneOnReplay(t *testing.T) {
+	steps, err := OSUpgrade{}.Plan(map[string]string{"mode": "external"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	i := slices.IndexFunc(steps, func(s Step) bool { return s.Name == "wait-reboot" })
+	tests := []struct {
+		name         string
+		intentBootID string
+		want         bool
+	}{
+		{name: "rebooted since the intent", intentBootID: "boot-0", want: true},
+		{name: "agent restarted without a reboot", intentBootID: "boot-1", want: false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			done, err := steps[i].Done(context.Background(), newFake(), tt.intentBootID)
+			if err != nil || done != tt.want {
+				t.Errorf("Done = %t, %v; want %t", done, err, tt.want)
+			}
+		})
+	}
+}
+
+// TestOSUpgradeExternalWaitBoundedByContext: without a reboot the wait
+// lasts until the engine cancels the step at the event's deadline.
+func TestOSUpgradeExternalWaitBoundedByContext(t *testing.T) {
+	steps, err := OSUpgrade{RebootConfig: fastReboot()}.Plan(map[string]string{"mode": "external"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	i := slices.IndexFunc(steps, func(s Step) bool { return s.Name == "wait-reboot" })
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
+	defer cancel()
+	if err := steps[i].Run(ctx, newFake()); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("error = %v, want the deadline", err)
+	}
+}
+
+func TestTransientUnitName(t *testing.T) {
+	tests := []struct {
+		name, event, want string
+	}{
+		{name: "plain", event: "ev-1", want: "p-ev-1.service"},
+		{name: "dots become dashes", event: "a.b.c", want: "p-a-b-c.service"},
+		{name: "bounded to 255 bytes", event: strings.Repeat("x", 300), want: "p-" + strings.Repeat("x", 255-len(".service")-2) + ".service"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := transientUnitName("p-", tt.event); got != tt.want {
+				t.Errorf("transientUnitName = %q, want %q", got, tt.want)
+			}
+		})
+	}
+}

@@ -1,0 +1,62 @@
+// Package gpuhealth watches the node's NVIDIA GPUs and reports their health:
+// the Node condition GPUHealthy, Prometheus gauges, and — only when asked —
+// a gpu-reset LifecycleEvent for a GPU whose driver says it needs a reset.
+//
+// # Loop
+//
+// Monitor.Run evaluates once at start, then every Config.Interval (default
+// 30 s) on the injected clock, and at once when the XID watcher
+// (devices.WatchEvents) delivers an event; a burst of events is coalesced
+// into one evaluation. An evaluation is one devices Snapshot judged by
+// devices.Evaluate, so the rule for "unhealthy" is devices' (lost, reset
+// required, failed reads, pending retired pages or row remaps, row-remap
+// failure, volatile uncorrected ECC, a recovery action, fabric not
+// registered, a latched critical XID). A watcher that ends or cannot start
+// is started again at the next tick; Rewatch restarts it at once (call it
+// after a GPU reset: registrations die with the device handles). Nothing
+// sleeps; tests drive the clock.
+//
+// # Node condition
+//
+// Type GPUHealthy, written through ConditionSink (*apiclient.Client's
+// SetNodeConditions: a strategic-merge patch that leaves the kubelet's
+// conditions alone) and only when status, reason or message differ from the
+// last condition written successfully; a failed write is retried at the
+// next evaluation.
+//
+//	True    AllHealthy | NoGPUs       "8 GPUs healthy[; not supported: …]"
+//	False   GPU<index>:<Signal>[,…]   "2 of 8 GPUs unhealthy: GPU-… (index 3): XID 79; …"
+//	Unknown NVMLError                 the NVML error
+//
+// The False reason names each failing GPU with each signal, e.g.
+// "GPU3:XID79,GPU5:RemappedRowsPending,GPU5:RecoveryAction_GPU_RESET" (only
+// letters, digits, '_', ':' and ',', so it is also a valid metav1.Condition
+// reason), capped at MaxReasonLength bytes with ",More" when cut; the
+// message has the UUIDs and the read errors (devices caps it at 1024 bytes).
+//
+// # Metrics
+//
+// Gauges carry the labels gpu (UUID; empty when NVML cannot name the GPU)
+// and index. A signal the GPU does not support has no series; GPUs that
+// disappear, and every GPU when NVML cannot be read, lose theirs.
+//
+//	lifecycle_agent_gpu_healthy                     1 healthy, 0 not
+//	lifecycle_agent_gpu_remapped_rows_pending       1 when a row remap waits for a reset
+//	lifecycle_agent_gpu_retired_pages_pending       1 when page retirement waits for a reset
+//	lifecycle_agent_gpu_ecc_volatile_uncorrected    errors since driver load or reset
+//	lifecycle_agent_gpu_xid_events_total{gpu,xid}   critical XID events seen (counter)
+//
+// # Auto-remediation (config gpu.autoRemediate, off by default)
+//
+// When on, a GPU whose recovery action (field 230 in the snapshot, or a
+// recovery-action event) is GPU_RESET gets a LifecycleEvent for this node's
+// gpu-reset transition (<node>-gpu-reset) with parameters gpus=<uuid>;
+// DRAIN_AND_RESET adds drain=true. The event is created through the
+// injected CreateEvent and named EventName(node, uuid, bootID) =
+// <node>-gpu-reset-<first 8 hex of the UUID>-<first 8 hex of the boot ID>,
+// so each GPU gets at most one automatic reset per boot: a second request
+// (after a restart of the agent, or a reset that did not help) meets
+// AlreadyExists and is treated as done. A GPU that still asks for a reset
+// after it is then a case for an operator or a reboot. Other recovery
+// actions (NODE_REBOOT, DRAIN_P2P, …) are only reported.
+package gpuhealth

@@ -1,0 +1,401 @@
+package gpuhealth
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/clock"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/lifecycle-agent/lifecycle-agent/api/v1alpha1"
+	"github.com/lifecycle-agent/lifecycle-agent/internal/apiclient"
+	"github.com/lifecycle-agent/lifecycle-agent/internal/devices"
+)
+
+// Defaults for Config fields left zero.
+const (
+	DefaultInterval = 30 * time.Second
+	// DefaultLogEvery rate-limits repeated warnings with the same key.
+	DefaultLogEvery = 5 * time.Minute
+	// MaxReasonLength caps the False condition's reason (bytes).
+	MaxReasonLength = 256
+)
+
+// Labels on automatically created events.
+const (
+	LabelRequestedBy = "lifecycle.x-k8s.io/requested-by"
+	RequestedBy      = "gpu-health"
+	AnnotationReason = "lifecycle.x-k8s.io/reason"
+)
+
+// Devices is what the monitor reads; *devices.Manager implements it.
+type Devices interface {
+	Snapshot() (devices.Snapshot, error)
+	WatchEvents(ctx context.Context, uuids []string) (<-chan devices.Event, error)
+}
+
+// ConditionSink writes Node conditions; *apiclient.Client implements it.
+type ConditionSink interface {
+	SetNodeConditions(ctx context.Context, now time.Time, conds ...apiclient.NodeCondition) error
+}
+
+var _ Devices = (*devices.Manager)(nil)
+var _ ConditionSink = (*apiclient.Client)(nil)
+
+// Config builds a Monitor.
+type Config struct {
+	// Node is this node's name. Required.
+	Node string
+	// Devices is read every Interval and on events. Required.
+	Devices Devices
+	// Conditions receives GPUHealthy. Required.
+	Conditions ConditionSink
+	// Registerer gets the metrics; nil registers nothing (they are still
+	// kept: Monitor.Metrics).
+	Registerer prometheus.Registerer
+	// Clock drives the loop; nil means the real clock.
+	Clock clock.Clock
+	// Log; nil discards.
+	Log *slog.Logger
+	// Interval between evaluations; 0 means DefaultInterval.
+	Interval time.Duration
+	// AutoRemediate is gpu.autoRemediate: request a gpu-reset event for a
+	// GPU whose recovery action is GPU_RESET (or DRAIN_AND_RESET).
+	AutoRemediate bool
+	// CreateEvent creates a LifecycleEvent (the typed client's Create).
+	// Required when AutoRemediate.
+	CreateEvent func(ctx context.Context, ev *v1alpha1.LifecycleEvent) error
+	// BootID names requested events (one automatic reset per GPU per boot).
+	// Required when AutoRemediate.
+	BootID string
+	// TransitionName of this node's gpu-reset transition; "" means
+	// <Node>-gpu-reset.
+	TransitionName string
+}
+
+// Monitor is the GPU health loop. Run it once; Check and Rewatch may be
+// called from other goroutines.
+type Monitor struct {
+	cfg     Config
+	log     *slog.Logger
+	clk     clock.Clock
+	metrics *Metrics
+	rewatch chan struct{}
+
+	mu        sync.Mutex // serializes evaluations
+	published *apiclient.NodeCondition
+	requested map[string]bool // event names created or found existing
+	lastLog   map[string]time.Time
+}
+
+// New validates cfg and registers the metrics.
+func New(cfg Config) (*Monitor, error) {
+	var errs []error
+	if cfg.Node == "" {
+		errs = append(errs, errors.New("Node is required"))
+	}
+	if cfg.Devices == nil {
+		errs = append(errs, errors.New("Devices is required"))
+	}
+	if cfg.Conditions == nil {
+		errs = append(errs, errors.New("Conditions is required"))
+	}
+	if cfg.AutoRemediate && (cfg.CreateEvent == nil || cfg.BootID == "") {
+		errs = append(errs, errors.New("AutoRemediate needs CreateEvent and BootID"))
+	}
+	if cfg.Interval < 0 {
+		errs = append(errs, errors.New("Interval must not be negative"))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, fmt.Errorf("gpuhealth: config: %w", err)
+	}
+	if cfg.Interval == 0 {
+		cfg.Interval = DefaultInterval
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = clock.RealClock{}
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if cfg.TransitionName == "" {
+		cfg.TransitionName = cfg.Node + "-gpu-reset"
+	}
+	met, err := NewMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	return &Monitor{
+		cfg: cfg, log: cfg.Log.With("node", cfg.Node), clk: cfg.Clock, metrics: met,
+		rewatch: make(chan struct{}, 1), requested: map[string]bool{}, lastLog: map[string]time.Time{},
+	}, nil
+}
+
+// Metrics returns the monitor's metrics.
+func (m *Monitor) Metrics() *Metrics { return m.metrics }
+
+// Rewatch restarts the XID watcher at once (after a GPU reset). It never
+// blocks.
+func (m *Monitor) Rewatch() {
+	select {
+	case m.rewatch <- struct{}{}:
+	default:
+	}
+}
+
+// Run evaluates at start, every Interval and on each batch of GPU events,
+// until ctx ends. It returns nil when ctx ends.
+func (m *Monitor) Run(ctx context.Context) error {
+	var events <-chan devices.Event
+	stopWatch := func() {}
+	defer func() { stopWatch() }()
+	watch := func() {
+		stopWatch()
+		wctx, cancel := context.WithCancel(ctx)
+		ch, err := m.cfg.Devices.WatchEvents(wctx, nil)
+		if err != nil {
+			cancel()
+			events, stopWatch = nil, func() {}
+			m.warn("watch", "GPU event watcher not running; retrying at the next evaluation", "err", err)
+			return
+		}
+		events, stopWatch = ch, cancel
+	}
+	watch()
+	m.Check(ctx)
+	t := m.clk.NewTimer(m.cfg.Interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C():
+			if events == nil {
+				watch()
+			}
+			m.Check(ctx)
+			t.Reset(m.cfg.Interval)
+		case <-m.rewatch:
+			watch()
+			m.Check(ctx)
+		case ev, ok := <-events:
+			if !ok {
+				events = nil // restarted at the next tick
+				continue
+			}
+			m.observe(ctx, ev)
+			// Coalesce a burst into one evaluation.
+			for more := true; more && events != nil; {
+				select {
+				case ev, ok := <-events:
+					if !ok {
+						events = nil
+						break
+					}
+					m.observe(ctx, ev)
+				default:
+					more = false
+				}
+			}
+			m.Check(ctx)
+		}
+	}
+}
+
+// observe counts an event and acts on a recovery action at once.
+func (m *Monitor) observe(ctx context.Context, ev devices.Event) {
+	switch ev.Kind {
+	case devices.EventXID:
+		m.metrics.XIDEvents.WithLabelValues(ev.UUID, strconv.FormatUint(ev.XID, 10)).Inc()
+		m.log.Warn("GPU XID event", "gpu", ev.UUID, "xid", ev.XID)
+	case devices.EventRecoveryAction:
+		if ev.UUID != "" {
+			m.mu.Lock()
+			m.remediate(ctx, ev.UUID, ev.RecoveryAction)
+			m.mu.Unlock()
+		}
+	}
+}
+
+// Check evaluates the GPUs once: gauges, the condition (written when it
+// changed) and, with AutoRemediate, reset requests. It returns the report.
+func (m *Monitor) Check(ctx context.Context) devices.HealthReport {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	s, err := m.cfg.Devices.Snapshot()
+	var rep devices.HealthReport
+	if err != nil {
+		m.metrics.forgetAll()
+		rep = devices.HealthReport{At: m.clk.Now(), Condition: devices.Condition{Type: devices.ConditionType,
+			Status: devices.ConditionUnknown, Reason: devices.ReasonNVMLError, Message: err.Error()}}
+		m.warn("snapshot", "reading the GPUs failed", "err", err)
+	} else {
+		rep = devices.Evaluate(s)
+		m.metrics.update(s, rep)
+		for _, g := range s.GPUs {
+			if g.UUID != "" {
+				m.remediate(ctx, g.UUID, g.RecoveryAction)
+			}
+		}
+	}
+	m.publish(ctx, NodeCondition(rep))
+	return rep
+}
+
+// publish writes c when it differs from the last condition written.
+func (m *Monitor) publish(ctx context.Context, c apiclient.NodeCondition) {
+	if m.published != nil && *m.published == c {
+		return
+	}
+	if err := m.cfg.Conditions.SetNodeConditions(ctx, m.clk.Now(), c); err != nil {
+		m.warn("publish", "writing the GPUHealthy condition failed; retrying at the next evaluation", "err", err)
+		return
+	}
+	from := "none"
+	if m.published != nil {
+		from = string(m.published.Status) + "/" + m.published.Reason
+	}
+	m.log.Info("GPUHealthy condition", "from", from, "to", string(c.Status)+"/"+c.Reason, "message", c.Message)
+	m.published = &c
+}
+
+// remediate requests a gpu-reset event when the action calls for one and
+// AutoRemediate is on. Call with m.mu held.
+func (m *Monitor) remediate(ctx context.Context, uuid string, a devices.RecoveryAction) {
+	if a != devices.RecoveryActionGPUReset && a != devices.RecoveryActionDrainAndReset {
+		return
+	}
+	if !m.cfg.AutoRemediate {
+		m.warn("action/"+uuid, "GPU asks for a reset; gpu.autoRemediate is off, not requesting one", "gpu", uuid, "action", a.String())
+		return
+	}
+	ev := ResetEvent(m.cfg.Node, m.cfg.TransitionName, uuid, m.cfg.BootID, a)
+	if m.requested[ev.Name] {
+		return
+	}
+	err := m.cfg.CreateEvent(ctx, ev)
+	switch {
+	case err == nil:
+		m.log.Info("requested a GPU reset", "gpu", uuid, "action", a.String(), "lifecycleEvent", ev.Name)
+	case apierrors.IsAlreadyExists(err):
+		m.log.Info("GPU reset already requested in this boot", "gpu", uuid, "lifecycleEvent", ev.Name)
+	default:
+		m.warn("create/"+ev.Name, "requesting a GPU reset failed; retrying at the next evaluation", "gpu", uuid, "lifecycleEvent", ev.Name, "err", err)
+		return
+	}
+	m.requested[ev.Name] = true
+}
+
+// warn logs once per key per DefaultLogEvery (STYLE 13).
+func (m *Monitor) warn(key, msg string, args ...any) {
+	now := m.clk.Now()
+	if t, ok := m.lastLog[key]; ok && now.Sub(t) < DefaultLogEvery {
+		return
+	}
+	m.lastLog[key] = now
+	m.log.Warn(msg, args...)
+}
+
+// NodeCondition turns a health report into the GPUHealthy Node condition;
+// see the package doc for the reason format.
+func NodeCondition(r devices.HealthReport) apiclient.NodeCondition {
+	c := apiclient.NodeCondition{
+		Type: devices.ConditionType, Status: corev1.ConditionStatus(r.Condition.Status),
+		Reason: r.Condition.Reason, Message: r.Condition.Message,
+	}
+	if r.Condition.Status != devices.ConditionFalse {
+		return c
+	}
+	var parts []string
+	for _, g := range r.Unhealthy() {
+		for _, s := range g.Reasons {
+			parts = append(parts, fmt.Sprintf("GPU%d:%s", g.Index, reasonToken(s)))
+		}
+	}
+	if len(parts) > 0 {
+		c.Reason = capReason(parts)
+	}
+	return c
+}
+
+// reasonToken keeps letters and digits, turns '=' into '_' and drops the
+// rest: "XID 79" → XID79, "RecoveryAction=GPU_RESET" → RecoveryAction_GPU_RESET.
+func reasonToken(s string) string {
+	var b strings.Builder
+	for _, r := range s {
+		switch {
+		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '_':
+			b.WriteRune(r)
+		case r == '=':
+			b.WriteByte('_')
+		}
+	}
+	return b.String()
+}
+
+func capReason(parts []string) string {
+	const more = ",More"
+	out := parts[0]
+	for i, p := range parts[1:] {
+		need := len(out) + 1 + len(p)
+		if i+2 < len(parts) {
+			need += len(more) // room to say that more were cut later
+		}
+		if need > MaxReasonLength {
+			return out + more
+		}
+		out += "," + p
+	}
+	return out
+}
+
+// EventName is the name of the automatic gpu-reset event for one GPU in
+// one boot: <node>-gpu-reset-<first 8 hex of the UUID>-<first 8 hex of the
+// boot ID>, at most 253 characters.
+func EventName(node, uuid, bootID string) string {
+	short := func(s string) string {
+		var b strings.Builder
+		for _, r := range strings.ToLower(s) {
+			if (r >= '0' && r <= '9') || (r >= 'a' && r <= 'f') {
+				b.WriteRune(r)
+				if b.Len() == 8 {
+					break
+				}
+			}
+		}
+		return b.String()
+	}
+	suffix := "-gpu-reset-" + short(strings.TrimPrefix(strings.ToUpper(uuid), "GPU-")) + "-" + short(bootID)
+	if max := 253 - len(suffix); len(node) > max {
+		node = strings.TrimRight(node[:max], "-.")
+	}
+	return node + suffix
+}
+
+// ResetEvent is the LifecycleEvent requested for a GPU whose recovery
+// action is a (possibly drain-first) reset.
+func ResetEvent(node, transition, uuid, bootID string, a devices.RecoveryAction) *v1alpha1.LifecycleEvent {
+	params := map[string]string{"gpus": uuid}
+	if a == devices.RecoveryActionDrainAndReset {
+		params["drain"] = "true"
+	}
+	return &v1alpha1.LifecycleEvent{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:        EventName(node, uuid, bootID),
+			Labels:      map[string]string{LabelRequestedBy: RequestedBy},
+			Annotations: map[string]string{AnnotationReason: fmt.Sprintf("GPU %s recovery action %s (boot %s)", uuid, a, bootID)},
+		},
+		Spec: v1alpha1.LifecycleEventSpec{TransitionName: transition, BindingNode: node, Parameters: params},
+	}
+}

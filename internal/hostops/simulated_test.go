@@ -1,0 +1,173 @@
+package hostops
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	testingclock "k8s.io/utils/clock/testing"
+)
+
+func newSim(t *testing.T, dir string, logs *bytes.Buffer) *Simulated {
+	t.Helper()
+	cfg := SimulatedConfig{StateDir: dir, Paths: hostFiles(t),
+		Clock: testingclock.NewFakeClock(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))}
+	if logs != nil {
+		cfg.Logger = slog.New(slog.NewTextHandler(logs, nil))
+	}
+	s, err := NewSimulated(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func TestSimulatedRebootChangesBootIDAcrossRestarts(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "state")
+	ctx := testCtx(t)
+	s := newSim(t, dir, nil)
+	first := s.BootID()
+	if len(first) != 36 || first == testBootID {
+		t.Fatalf("first simulated boot ID = %q, want a new UUID", first)
+	}
+	if again := newSim(t, dir, nil).BootID(); again != first {
+		t.Fatalf("a restarted agent sees boot ID %q, want the same %q", again, first)
+	}
+	writeFile(t, filepath.Join(dir, SimulatedRebootRequiredFile), "")
+	if !s.RebootRequired() {
+		t.Fatal("RebootRequired is false with the flag file")
+	}
+
+	if err := s.Reboot(ctx); err != nil {
+		t.Fatal(err)
+	}
+	second := s.BootID()
+	if second == first || len(second) != 36 {
+		t.Fatalf("boot ID after the simulated reboot = %q (before %q)", second, first)
+	}
+	if s.RebootRequired() {
+		t.Error("the reboot did not clear the reboot-required flag")
+	}
+	// The agent restarts after the "reboot": the new boot ID survives.
+	if got := newSim(t, dir, nil).BootID(); got != second {
+		t.Errorf("after a restart the boot ID is %q, want %q", got, second)
+	}
+	// A reboot by someone else: a new UUID written from outside.
+	const outside = "11111111-2222-4333-8444-555555555555"
+	writeFile(t, filepath.Join(dir, SimulatedBootIDFile), outside+"\n")
+	if got := s.BootID(); got != outside {
+		t.Errorf("after an outside reboot the boot ID is %q, want %q", got, outside)
+	}
+}
+
+func TestNewSimulatedRefusesABadBootID(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, SimulatedBootIDFile), "not-a-uuid\n")
+	if _, err := NewSimulated(SimulatedConfig{StateDir: dir}); err == nil || !strings.Contains(err.Error(), "invalid boot ID") {
+		t.Fatalf("NewSimulated error = %v, want invalid boot ID", err)
+	}
+	if _, err := NewSimulated(SimulatedConfig{}); err == nil {
+		t.Fatal("NewSimulated without StateDir succeeded")
+	}
+}
+
+func TestSimulatedOSRelease(t *testing.T) {
+	tests := []struct {
+		name        string
+		file        string // simulated-os-release; "" leaves it absent
+		wantVersion string
+		wantKernel  string
+	}{
+		{name: "absent: the host's facts", wantVersion: "12", wantKernel: "6.1.0-28-amd64"},
+		{name: "version and kernel simulated", file: "ID=debian\nVERSION_ID=\"13\"\nKERNEL_RELEASE=6.12.0-1-amd64\n",
+			wantVersion: "13", wantKernel: "6.12.0-1-amd64"},
+		{name: "version only: the host's kernel", file: "VERSION_ID=13\n", wantVersion: "13", wantKernel: "6.1.0-28-amd64"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := t.TempDir()
+			if tt.file != "" {
+				writeFile(t, filepath.Join(dir, SimulatedOSReleaseFile), tt.file)
+			}
+			v, k, err := newSim(t, dir, nil).OSRelease()
+			if err != nil || v != tt.wantVersion || k != tt.wantKernel {
+				t.Errorf("OSRelease = %q, %q, %v; want %q, %q", v, k, err, tt.wantVersion, tt.wantKernel)
+			}
+		})
+	}
+}
+
+// TestSimulatedPerformsNothing: commands are recorded and logged, not run;
+// locks are not taken.
+func TestSimulatedPerformsNothing(t *testing.T) {
+	var logs bytes.Buffer
+	dir := t.TempDir()
+	s := newSim(t, dir, &logs)
+	ctx := testCtx(t)
+	marker := filepath.Join(dir, "ran")
+	if !s.Simulated() {
+		t.Fatal("Simulated() is false")
+	}
+	if err := s.RunTransient(ctx, "lifecycle-os-upgrade-ev-1.service", []string{"/usr/bin/touch", marker}, []string{"LIFECYCLE_PROFILE=apt"}, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	out, err := s.Run(ctx, []string{"/usr/bin/touch", marker}, []string{"LIFECYCLE_EVENT=ev-1"}, time.Minute)
+	if err != nil || out != "" {
+		t.Fatalf("Run = %q, %v", out, err)
+	}
+	if _, err := s.Run(ctx, nil, nil, time.Minute); err == nil {
+		t.Error("Run of an empty command succeeded")
+	}
+	release, err := s.Inhibit(ctx, "shutdown:sleep", "os-upgrade")
+	if err != nil {
+		t.Fatal(err)
+	}
+	release()
+	release()
+	if err := s.StopUnits(ctx, "nvidia-persistenced.service"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.StartUnits(ctx, "nvidia-persistenced.service"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(marker); err == nil {
+		t.Fatal("a simulated command ran")
+	}
+	var verbs []string
+	for _, a := range s.Actions() {
+		verbs = append(verbs, a.Verb)
+	}
+	want := []string{"run-transient", "run", "inhibit", "release", "stop-units", "start-units"}
+	if !slices.Equal(verbs, want) {
+		t.Errorf("actions = %v, want %v", verbs, want)
+	}
+	if a := s.Actions()[0]; a.Unit != "lifecycle-os-upgrade-ev-1.service" || a.Args[0] != "/usr/bin/touch" || a.Env[0] != "LIFECYCLE_PROFILE=apt" {
+		t.Errorf("transient action = %+v", a)
+	}
+	for _, line := range []string{"simulated transient unit (nothing run)", "simulated command (nothing run)",
+		"simulated block lock (none taken)", "simulated systemctl stop (nothing stopped)", "mode=simulate"} {
+		if !strings.Contains(logs.String(), line) {
+			t.Errorf("logs lack %q:\n%s", line, logs.String())
+		}
+	}
+}
+
+func TestSimulatedActionsBounded(t *testing.T) {
+	s, err := NewSimulated(SimulatedConfig{StateDir: t.TempDir(), MaxActions: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, u := range []string{"a", "b", "c"} {
+		_ = s.StopUnits(context.Background(), u)
+	}
+	got := s.Actions()
+	if len(got) != 2 || got[0].Args[0] != "b" || got[1].Args[0] != "c" {
+		t.Errorf("actions = %+v, want the last two", got)
+	}
+}
