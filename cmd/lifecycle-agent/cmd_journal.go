@@ -2,6 +2,10 @@ package main
 
 import (
 	"context"
+	"fmt"
+	"os"
+
+	"github.com/lifecycle-agent/lifecycle-agent/internal/journal"
 
 	"github.com/spf13/cobra"
 )
@@ -38,35 +42,56 @@ agent first for compact: the journal is locked while the agent runs.`,
 		sub("export", "Print the journal as JSON on stdout", runJournalExport),
 		sub("compact", "Rewrite the journal to reclaim space", runJournalCompact),
 		&cobra.Command{
-			Use:    "check-file PATH",
-			Short:  "Run the in-process integrity check on a journal file (tests)",
-			Hidden: true,
-			Args:   exactArgs(1, "journal file path"),
-			RunE: func(cmd *cobra.Command, args []string) error {
-				return failed(runJournalCheckFile(cmd.Context(), e, args[0]))
+			Use:                "check-file [--lock-timeout=D] PATH",
+			Short:              "Run the in-process integrity check on a journal file (the agent runs it as a subprocess)",
+			Hidden:             true,
+			DisableFlagParsing: true,
+			Run: func(cmd *cobra.Command, args []string) {
+				if len(args) == 1 && (args[0] == "--help" || args[0] == "-h") {
+					_ = cmd.Help()
+					return
+				}
+				// A bad data page can make bbolt's check panic: that is why this
+				// runs in its own process, whose exit code the caller reads.
+				os.Exit(journal.RunCheck(args, e.stdout, e.stderr))
 			},
 		},
 	)
 	return cmd
 }
 
+// journalOptions are the journal options the offline tools share with the
+// agent: the integrity check runs in a subprocess of this same binary.
+func journalOptions() journal.Options {
+	exe, err := os.Executable()
+	if err != nil {
+		exe = os.Args[0]
+	}
+	return journal.Options{CheckCommand: []string{exe, "journal", "check-file"}}
+}
+
 // runJournalVerify is `lifecycle-agent journal verify`.
 func runJournalVerify(ctx context.Context, e *env) error {
-	return notImplemented(issueJournal)
+	s, err := journal.Verify(ctx, e.cfg.JournalPath, journalOptions())
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(e.stdout, "%s: ok (schema %d, %d bytes): %d events, %d steps, %d outbox, %d owned, %d history\n",
+		s.Path, s.SchemaVersion, s.SizeBytes, s.Events, s.Steps, s.Outbox, s.Owned, s.History)
+	return nil
 }
 
 // runJournalExport is `lifecycle-agent journal export`.
 func runJournalExport(ctx context.Context, e *env) error {
-	return notImplemented(issueJournal)
+	return journal.Export(e.cfg.JournalPath, e.stdout)
 }
 
 // runJournalCompact is `lifecycle-agent journal compact`.
 func runJournalCompact(ctx context.Context, e *env) error {
-	return notImplemented(issueJournal)
-}
-
-// runJournalCheckFile is the hidden `lifecycle-agent journal check-file PATH`.
-// It needs no configuration: it opens exactly the file it is given.
-func runJournalCheckFile(ctx context.Context, e *env, path string) error {
-	return notImplemented(issueJournal)
+	r, err := journal.Compact(ctx, e.cfg.JournalPath, journalOptions())
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(e.stdout, "%s: compacted %d → %d bytes\n", r.Path, r.BeforeBytes, r.AfterBytes)
+	return nil
 }

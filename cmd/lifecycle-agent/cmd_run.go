@@ -5,7 +5,9 @@ import (
 
 	"github.com/spf13/cobra"
 
+	daemon "github.com/lifecycle-agent/lifecycle-agent/internal/agent"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/config"
+	"github.com/lifecycle-agent/lifecycle-agent/internal/host"
 )
 
 func newRunCmd(e *env) *cobra.Command {
@@ -27,5 +29,25 @@ serve metrics on a loopback address. Stops on SIGTERM or SIGINT.`,
 
 // runAgent is `lifecycle-agent run`. e.cfg is loaded and valid.
 func runAgent(ctx context.Context, e *env) error {
-	return notImplemented(issueRun)
+	n := host.NewNotifier(e.log, nil)
+	go n.RunWatchdog(ctx, nil)
+	return daemon.Run(ctx, daemon.Options{
+		Config:       e.cfg,
+		Log:          e.log,
+		CheckCommand: journalOptions().CheckCommand,
+		Notify: func(kind, msg string) {
+			var err error
+			switch kind {
+			case "READY":
+				err = n.Ready(msg)
+			case "STATUS":
+				err = n.Status(msg)
+			case "STOPPING":
+				err = n.Stopping(msg)
+			}
+			if err != nil {
+				e.log.Warn("sd_notify failed", "err", err)
+			}
+		},
+	})
 }

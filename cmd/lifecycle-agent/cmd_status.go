@@ -2,6 +2,12 @@ package main
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"text/tabwriter"
+
+	daemon "github.com/lifecycle-agent/lifecycle-agent/internal/agent"
 
 	"github.com/spf13/cobra"
 )
@@ -29,5 +35,34 @@ current step, queued status writes and the enabled drivers.`,
 
 // runStatus is `lifecycle-agent status`.
 func runStatus(ctx context.Context, e *env, o statusOptions) error {
-	return notImplemented(issueStatus)
+	s, err := daemon.StatusFromSocket(ctx, e.cfg.SocketPath)
+	if err != nil {
+		return err
+	}
+	if o.JSON {
+		enc := json.NewEncoder(e.stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(s)
+	}
+	w := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(w, "node:\t%s\nidentity:\t%s\nstate:\t%s\noutbox:\t%d pending status write(s)\ndrivers:\t%s\n",
+		s.Node, s.Identity, s.State, s.Outbox, strings.Join(s.Drivers, ", "))
+	if ev := s.Event; ev != nil {
+		fmt.Fprintf(w, "event:\t%s (%s, %s)\n", ev.Name, ev.Driver, ev.ClaimStatus)
+		if ev.Deadline != "" {
+			fmt.Fprintf(w, "deadline:\t%s\n", ev.Deadline)
+		}
+		if ev.Message != "" {
+			fmt.Fprintf(w, "message:\t%s\n", ev.Message)
+		}
+		for _, st := range ev.Steps {
+			fmt.Fprintf(w, "  step %s:\t%s (attempt %d)\t%s\n", st.Name, st.State, st.Attempt, st.Message)
+		}
+	} else {
+		fmt.Fprintf(w, "event:\tnone\n")
+	}
+	for _, h := range s.History {
+		fmt.Fprintf(w, "finished:\t%s %s %s %s\n", h.Finished, h.Name, h.Outcome, h.Message)
+	}
+	return w.Flush()
 }

@@ -91,6 +91,7 @@ func TestSmoke(t *testing.T) {
 		t.Fatal(err)
 	}
 	manDir := filepath.Join(t.TempDir(), "man8")
+	runDir := t.TempDir()
 	versionLine := regexp.QuoteMeta("lifecycle-agent "+smokeVersion+" (commit "+smokeCommit+", ") + `go[0-9.]+.*\)` + "\n$"
 
 	tests := []struct {
@@ -196,18 +197,23 @@ func TestSmoke(t *testing.T) {
 			stdout: "^" + versionLine,
 		},
 
-		// Commands not filled in yet: exit 1 with their message.
-		{name: "run", args: []string{"run"}, code: 1, stderr: "lifecycle-agent: run: not implemented yet (issue " + issueRun + ")"},
-		{name: "status", args: []string{"status", "--json"}, code: 1, stderr: "lifecycle-agent: status: not implemented yet (issue " + issueStatus + ")"},
+		// Runtime failures: exit 1 with one line.
+		{
+			name: "run with a missing kubeconfig", args: []string{"run", "--log-level", "error", "--journal", runDir + "/journal.db", "--kubeconfig", runDir + "/missing"}, code: 1,
+			stderr: "lifecycle-agent: run: apiclient: kubeconfig " + runDir + "/missing: stat " + runDir + "/missing: no such file or directory",
+		},
+		{
+			name: "status without an agent", args: []string{"status", "--json", "--socket", runDir + "/none.sock"}, code: 1,
+			stderr: `lifecycle-agent: status: cannot reach the agent at ` + runDir + `/none.sock: Get "http://agent/status": dial unix ` + runDir + `/none.sock: connect: no such file or directory (is it running? the socket is root-only)`,
+		},
 		{
 			name: "request", args: []string{"request", "gpu-reset", "--param", "gpus=0,1", "--wait", "--timeout", "1m"}, code: 1,
 			stderr: "lifecycle-agent: request: not implemented yet (issue " + issueRequest + ")",
 		},
-		{name: "doctor", args: []string{"doctor"}, code: 1, stderr: "lifecycle-agent: doctor: not implemented yet (issue " + issueDoctor + ")"},
-		{name: "journal verify", args: []string{"journal", "verify", "--journal", "/tmp/x.db"}, code: 1, stderr: "lifecycle-agent: journal verify: not implemented yet (issue " + issueJournal + ")"},
-		{name: "journal export", args: []string{"journal", "export"}, code: 1, stderr: "lifecycle-agent: journal export: not implemented yet (issue " + issueJournal + ")"},
-		{name: "journal compact", args: []string{"journal", "compact"}, code: 1, stderr: "lifecycle-agent: journal compact: not implemented yet (issue " + issueJournal + ")"},
-		{name: "journal check-file", args: []string{"journal", "check-file", "/tmp/x.db"}, code: 1, stderr: "lifecycle-agent: journal check-file: not implemented yet (issue " + issueJournal + ")"},
+		{
+			name: "journal verify of a missing file", args: []string{"journal", "verify", "--journal", runDir + "/absent.db"}, code: 1,
+			stderr: "lifecycle-agent: journal verify: journal: verify: stat " + runDir + "/absent.db: no such file or directory",
+		},
 
 		// Hidden helpers for packaging.
 		{

@@ -148,6 +148,7 @@ Exit codes: 0 success, 1 the command failed, 2 bad command line or configuration
 		newManifestsCmd(e),
 		newVersionCmd(e),
 		newGenManCmd(e, root),
+		newGPUCmd(e),
 	)
 	return root
 }

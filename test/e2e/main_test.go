@@ -10,15 +10,20 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lifecycle-agent/lifecycle-agent/internal/journal"
 	"github.com/lifecycle-agent/lifecycle-agent/test/testenv"
 )
 
 var env *testenv.Env
 
 func TestMain(m *testing.M) {
+	// The journal's integrity check runs in a subprocess: this binary.
+	if len(os.Args) > 1 && os.Args[1] == "journal-check-file" {
+		os.Exit(journal.RunCheck(os.Args[2:], os.Stdout, os.Stderr))
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	var err error
-	env, err = testenv.Start(ctx, testenv.Options{Log: os.Stderr})
+	env, err = testenv.Start(ctx, testenv.Options{Log: os.Stderr, ControllerManager: true})
 	if err == nil {
 		err = env.InstallManifests(ctx)
 	}

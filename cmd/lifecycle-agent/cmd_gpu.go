@@ -1,0 +1,372 @@
+package main
+
+// `lifecycle-agent gpu inventory|reset`: read-only views of this node's
+// NVIDIA GPUs through the same devices.Manager the agent uses.
+//
+//	gpu inventory [--json]                  identity, modes, processes, health per GPU
+//	gpu reset --dry-run --gpus SEL [--drain]  the gpu-reset checks, up to (not
+//	                                        including) the reset, and what it would do
+//
+// Exit codes: 0 ok; 1 failed (for reset --dry-run: the reset would be
+// refused now, the blockers are printed); 2 usage (gpu reset without
+// --dry-run: a real reset only happens through a LifecycleEvent); 3 no NVML
+// on this host (no libnvidia-ml.so.1 or no loaded driver).
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+
+	"github.com/lifecycle-agent/lifecycle-agent/internal/config"
+	"github.com/lifecycle-agent/lifecycle-agent/internal/devices"
+	"github.com/lifecycle-agent/lifecycle-agent/internal/drivers"
+)
+
+// exitNoNVML: the host has no usable NVML.
+const exitNoNVML = 3
+
+func newGPUCmd(e *env) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "gpu inventory|reset",
+		Short: "Inspect this node's NVIDIA GPUs (read-only)",
+		Long: `Read this node's NVIDIA GPUs through NVML, as the agent does. Nothing here changes
+a GPU: a real reset only happens through a gpu-reset LifecycleEvent.
+Exit codes: 0 ok, 1 failed (reset --dry-run: the reset would be refused), 2 usage, 3 no NVML on this host.`,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) > 0 {
+				return unknownCommand(cmd, args[0])
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return usageErrorf("missing subcommand: inventory or reset")
+		},
+	}
+	cmd.AddCommand(newGPUInventoryCmd(e), newGPUResetCmd(e))
+	return cmd
+}
+
+type gpuInventoryOptions struct {
+	JSON bool
+}
+
+func newGPUInventoryCmd(e *env) *cobra.Command {
+	var o gpuInventoryOptions
+	cmd := &cobra.Command{
+		Use:   "inventory",
+		Short: "List the GPUs with their modes, processes and health",
+		Long: `Print every GPU NVML sees: index, UUID, name, PCI bus ID, architecture, MIG and
+persistence modes, running processes, the health signals and the verdict that
+the GPUHealthy condition is built from. Exits 3 on a host without NVML.`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return failed(runGPUInventory(cmd.Context(), e, o))
+		},
+	}
+	cmd.Flags().BoolVar(&o.JSON, "json", false, "print JSON instead of a table")
+	return cmd
+}
+
+type gpuResetOptions struct {
+	DryRun bool
+	GPUs   string
+	Drain  bool
+}
+
+func newGPUResetCmd(e *env) *cobra.Command {
+	var o gpuResetOptions
+	cmd := &cobra.Command{
+		Use:   "reset --dry-run --gpus all|UUIDs|indices [--drain]",
+		Short: "Show what a gpu-reset event would do (dry run only)",
+		Long: `Run the gpu-reset driver's checks for --gpus (and --drain) up to, but not
+including, the reset: the selection, the reset group, the preconditions
+(processes, MIG, persistence mode), the fabric state, the services it would
+stop and what the reset would run. Nothing is changed. --dry-run is required:
+a real reset only happens through a LifecycleEvent
+(lifecycle-agent request gpu-reset --param gpus=...). Exits 1 when the reset
+would be refused now.`,
+		Args:        noArgs,
+		Annotations: needsConfig,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if !o.DryRun {
+				return usageErrorf("refusing to reset without --dry-run: a real GPU reset only runs through a gpu-reset LifecycleEvent (lifecycle-agent request gpu-reset --param gpus=...)")
+			}
+			if strings.TrimSpace(o.GPUs) == "" {
+				return usageErrorf("missing --gpus: all, GPU UUIDs or indices")
+			}
+			return failed(runGPUResetDryRun(cmd.Context(), e, o))
+		},
+	}
+	cmd.Flags().BoolVar(&o.DryRun, "dry-run", false, "check and print what would be done; required")
+	cmd.Flags().StringVar(&o.GPUs, "gpus", "", `the gpus parameter: "all", a comma list of GPU UUIDs, or a comma list of indices`)
+	cmd.Flags().BoolVar(&o.Drain, "drain", false, "plan as with parameters.drain=true")
+	return cmd
+}
+
+// openGPUs loads NVML; no NVML exits 3. The caller shuts the Manager down.
+func openGPUs(log *slog.Logger) (*devices.Manager, error) {
+	m, err := devices.New(devices.Config{Logger: log})
+	if err != nil {
+		return nil, err
+	}
+	if err := m.Init(); err != nil {
+		if errors.Is(err, devices.ErrNoNVML) {
+			return nil, &exitError{code: exitNoNVML, err: fmt.Errorf("no NVML on this host: %w", err)}
+		}
+		return nil, err
+	}
+	return m, nil
+}
+
+// gpuLog is quiet (warnings only) unless the configuration asks for debug.
+func gpuLog(e *env) *slog.Logger {
+	if e.cfg != nil && e.cfg.SlogLevel() < slog.LevelInfo {
+		return e.log
+	}
+	format := config.LogFormatText
+	if e.cfg != nil {
+		format = e.cfg.LogFormat
+	}
+	return newLogger(e.stderr, slog.LevelWarn, format)
+}
+
+// gpuJSON is one GPU of `gpu inventory --json`.
+type gpuJSON struct {
+	Index               int               `json:"index"`
+	UUID                string            `json:"uuid"`
+	Name                string            `json:"name,omitempty"`
+	PCIBusID            string            `json:"pciBusID,omitempty"`
+	Architecture        string            `json:"architecture"`
+	MIG                 string            `json:"mig"`
+	MIGPending          string            `json:"migPending"`
+	Persistence         string            `json:"persistence"`
+	ProcessesKnown      bool              `json:"processesKnown"`
+	ComputePIDs         []uint32          `json:"computePIDs,omitempty"`
+	GraphicsPIDs        []uint32          `json:"graphicsPIDs,omitempty"`
+	RetiredPagesPending string            `json:"retiredPagesPending"`
+	RemappedRows        *remappedRowsJSON `json:"remappedRows,omitempty"`
+	ECC                 *eccJSON          `json:"eccVolatile,omitempty"`
+	RecoveryAction      string            `json:"recoveryAction"`
+	Fabric              *fabricJSON       `json:"fabric,omitempty"`
+	NVLinksActive       int               `json:"nvlinksActive"`
+	NVSwitchLinks       int               `json:"nvswitchLinks"`
+	CriticalXIDs        []uint64          `json:"criticalXIDs,omitempty"`
+	Lost                bool              `json:"lost,omitempty"`
+	ResetRequired       bool              `json:"resetRequired,omitempty"`
+	ReadErrors          []string          `json:"readErrors,omitempty"`
+	Healthy             bool              `json:"healthy"`
+	Reasons             []string          `json:"reasons,omitempty"`
+	NotSupported        []string          `json:"notSupported,omitempty"`
+}
+
+type remappedRowsJSON struct {
+	Correctable   int  `json:"correctable"`
+	Uncorrectable int  `json:"uncorrectable"`
+	Pending       bool `json:"pending"`
+	Failure       bool `json:"failure"`
+}
+
+type eccJSON struct {
+	Uncorrected uint64 `json:"uncorrected"`
+	Corrected   uint64 `json:"corrected"`
+}
+
+type fabricJSON struct {
+	State  string `json:"state"`
+	Status string `json:"status,omitempty"`
+}
+
+type conditionJSON struct {
+	Type    string `json:"type"`
+	Status  string `json:"status"`
+	Reason  string `json:"reason"`
+	Message string `json:"message"`
+}
+
+type inventoryJSON struct {
+	DriverVersion string        `json:"driverVersion"`
+	NVSwitch      bool          `json:"nvswitch"`
+	Condition     conditionJSON `json:"condition"`
+	GPUs          []gpuJSON     `json:"gpus"`
+}
+
+func inventoryView(s devices.Snapshot) inventoryJSON {
+	rep := devices.Evaluate(s)
+	c := rep.Condition
+	out := inventoryJSON{DriverVersion: s.DriverVersion, NVSwitch: s.NVSwitch,
+		Condition: conditionJSON{Type: c.Type, Status: c.Status, Reason: c.Reason, Message: c.Message}, GPUs: []gpuJSON{}}
+	for i, g := range s.GPUs {
+		h := rep.GPUs[i]
+		j := gpuJSON{
+			Index: g.Index, UUID: g.UUID, Name: g.Name, PCIBusID: g.PCIBusID, Architecture: g.Architecture,
+			MIG: g.MIGCurrent.String(), MIGPending: g.MIGPending.String(), Persistence: g.Persistence.String(),
+			ProcessesKnown: g.ProcessesKnown, ComputePIDs: g.ComputePIDs, GraphicsPIDs: g.GraphicsPIDs,
+			RetiredPagesPending: g.RetiredPagesPending.String(), RecoveryAction: g.RecoveryAction.String(),
+			NVLinksActive: g.NVLinksActive, NVSwitchLinks: g.NVSwitchLinks, CriticalXIDs: g.CriticalXIDs,
+			Lost: g.Lost, ResetRequired: g.ResetRequired, ReadErrors: g.ReadErrors,
+			Healthy: h.Healthy, Reasons: h.Reasons, NotSupported: h.Unknown,
+		}
+		if r := g.RemappedRows; r.Known {
+			j.RemappedRows = &remappedRowsJSON{Correctable: r.Correctable, Uncorrectable: r.Uncorrectable, Pending: r.Pending, Failure: r.Failure}
+		}
+		if g.ECC.Known {
+			j.ECC = &eccJSON{Uncorrected: g.ECC.VolatileUncorrected, Corrected: g.ECC.VolatileCorrected}
+		}
+		if g.Fabric.Known {
+			j.Fabric = &fabricJSON{State: g.Fabric.State.String(), Status: g.Fabric.Status}
+		}
+		out.GPUs = append(out.GPUs, j)
+	}
+	return out
+}
+
+// runGPUInventory is `lifecycle-agent gpu inventory`.
+func runGPUInventory(_ context.Context, e *env, o gpuInventoryOptions) (err error) {
+	m, err := openGPUs(gpuLog(e))
+	if err != nil {
+		return err
+	}
+	defer func() { err = errors.Join(err, m.Shutdown()) }()
+	return writeInventory(e.stdout, m, o)
+}
+
+// writeInventory prints m's GPUs as a table or as JSON.
+func writeInventory(out io.Writer, m *devices.Manager, o gpuInventoryOptions) error {
+	s, err := m.Snapshot()
+	if err != nil {
+		return err
+	}
+	v := inventoryView(s)
+	if o.JSON {
+		enc := json.NewEncoder(out)
+		enc.SetIndent("", "  ")
+		return enc.Encode(v)
+	}
+	fmt.Fprintf(out, "driver %s, %d GPU(s), NVSwitch: %v\n", v.DriverVersion, len(v.GPUs), v.NVSwitch)
+	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "INDEX\tUUID\tNAME\tPCI\tARCH\tMIG\tPERSISTENCE\tPROCESSES\tFABRIC\tHEALTH")
+	for _, g := range v.GPUs {
+		procs := fmt.Sprint(len(g.ComputePIDs) + len(g.GraphicsPIDs))
+		if !g.ProcessesKnown {
+			procs = "unknown"
+		}
+		fabric := "-"
+		if g.Fabric != nil {
+			fabric = g.Fabric.State
+		}
+		health := "healthy"
+		if !g.Healthy {
+			health = strings.Join(g.Reasons, ", ")
+		}
+		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", g.Index, g.UUID, g.Name, g.PCIBusID, g.Architecture,
+			g.MIG, g.Persistence, procs, fabric, health)
+	}
+	if err := w.Flush(); err != nil {
+		return err
+	}
+	_, err = fmt.Fprintf(out, "%s: %s (%s): %s\n", v.Condition.Type, v.Condition.Status, v.Condition.Reason, v.Condition.Message)
+	return err
+}
+
+// runGPUResetDryRun is `lifecycle-agent gpu reset --dry-run`.
+func runGPUResetDryRun(_ context.Context, e *env, o gpuResetOptions) (err error) {
+	method, err := devices.ParseResetMethod(e.cfg.GPU.ResetMethod)
+	if err != nil {
+		return &exitError{code: exitUsage, err: err}
+	}
+	m, err := openGPUs(gpuLog(e))
+	if err != nil {
+		return err
+	}
+	defer func() { err = errors.Join(err, m.Shutdown()) }()
+	d := drivers.GPUReset{Devices: m, Method: method, Services: e.cfg.GPU.Services, Log: gpuLog(e)}
+	return writeResetDryRun(e.stdout, d, o)
+}
+
+// writeResetDryRun runs the gpu-reset checks (drivers.GPUReset.Check:
+// nothing changes) and prints what a reset would do. It returns an error
+// when the reset would be refused now.
+func writeResetDryRun(out io.Writer, d drivers.GPUReset, o gpuResetOptions) error {
+	params := map[string]string{drivers.GPUResetParamGPUs: o.GPUs}
+	if o.Drain {
+		params[drivers.GPUResetParamDrain] = "true"
+	}
+	c, err := d.Check(params)
+	if errors.Is(err, drivers.ErrBadParameter) {
+		return &exitError{code: exitUsage, err: err, hint: true}
+	}
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(out, "dry run: nothing was changed")
+	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(w, "selected:\t%s\n", strings.Join(c.Requested, ", "))
+	group := fmt.Sprintf("%d GPU(s): %s", len(c.Group.UUIDs), strings.Join(c.Group.UUIDs, ", "))
+	if c.Group.Expanded {
+		group += " (expanded: " + c.Group.Reason + ")"
+	}
+	fmt.Fprintf(w, "reset group:\t%s\n", group)
+	fmt.Fprintf(w, "nvswitch:\t%v\n", c.Preconditions.NVSwitch)
+	var fabric []string
+	for _, u := range c.Group.UUIDs {
+		f, ok := c.Fabric[u]
+		switch {
+		case !ok || !f.Known:
+			fabric = append(fabric, u+" not reported")
+		case f.Status != "":
+			fabric = append(fabric, fmt.Sprintf("%s %s (%s)", u, f.State, f.Status))
+		default:
+			fabric = append(fabric, u+" "+f.State.String())
+		}
+	}
+	fmt.Fprintf(w, "fabric:\t%s\n", strings.Join(fabric, ", "))
+	if len(c.PersistenceOn) > 0 {
+		fmt.Fprintf(w, "persistence:\twould turn off on %s and restore it after the reset\n", strings.Join(c.PersistenceOn, ", "))
+	} else {
+		fmt.Fprintf(w, "persistence:\toff on every GPU of the group\n")
+	}
+	if len(c.Services) > 0 {
+		fmt.Fprintf(w, "would stop:\t%s (started again in reverse order)\n", strings.Join(c.Services, ", "))
+	} else {
+		fmt.Fprintf(w, "would stop:\tnothing (gpu.services is empty)\n")
+	}
+	if c.Drain {
+		fmt.Fprintf(w, "drain:\twould cordon and drain the node first, and uncordon it at the end\n")
+	}
+	fmt.Fprintf(w, "inhibitor:\t%s (block) held during the reset\n", drivers.GPUInhibit)
+	fmt.Fprintf(w, "reset:\t%s\n", c.Resetter)
+	fmt.Fprintf(w, "steps:\t%s\n", strings.Join(c.Steps, ", "))
+	if len(c.Blockers) == 0 {
+		fmt.Fprintf(w, "blockers:\tnone\n")
+	}
+	for _, b := range c.Blockers {
+		fmt.Fprintf(w, "blocker:\t%s\n", b)
+	}
+	for _, x := range c.Warnings {
+		fmt.Fprintf(w, "warning:\t%s\n", x)
+	}
+	if err := w.Flush(); err != nil {
+		return err
+	}
+	if len(c.Blockers) > 0 && !(c.Drain && onlyProcesses(c.Blockers)) {
+		return fmt.Errorf("the reset would be refused now: %d blocker(s)", len(c.Blockers))
+	}
+	return nil
+}
+
+// onlyProcesses: with --drain, running processes are expected to end.
+func onlyProcesses(blockers []string) bool {
+	for _, b := range blockers {
+		if !strings.Contains(b, ": processes running (") {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,248 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/lifecycle-agent/lifecycle-agent/internal/devices"
+	"github.com/lifecycle-agent/lifecycle-agent/internal/devices/devicestest"
+	"github.com/lifecycle-agent/lifecycle-agent/internal/drivers"
+)
+
+// runGPU runs the binary built by TestMain with a clean environment and an
+// empty configuration file, and returns its exit code and output.
+func runGPU(t *testing.T, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	cfg := filepath.Join(t.TempDir(), "config.yaml")
+	if err := os.WriteFile(cfg, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, binary, args...)
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + t.TempDir(),
+		"LIFECYCLE_AGENT_CONFIG=" + cfg, "LIFECYCLE_AGENT_NODE_NAME=gpu-node"}
+	var out, errOut bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	err := cmd.Run()
+	var ee *exec.ExitError
+	switch {
+	case errors.As(err, &ee):
+		code = ee.ExitCode()
+	case err != nil:
+		t.Fatalf("run %v: %v", args, err)
+	}
+	return code, out.String(), errOut.String()
+}
+
+// hostHasNVML reports whether libnvidia-ml.so.1 can be loaded here; the
+// no-NVML cases only hold on a host without it.
+func hostHasNVML() bool {
+	if out, err := exec.Command("ldconfig", "-p").Output(); err == nil && strings.Contains(string(out), "libnvidia-ml.so.1") {
+		return true
+	}
+	for _, p := range []string{"/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1", "/usr/lib64/libnvidia-ml.so.1", "/usr/lib/aarch64-linux-gnu/libnvidia-ml.so.1"} {
+		if _, err := os.Stat(p); err == nil {
+			return true
+		}
+	}
+	return false
+}
+
+func TestGPUCommands(t *testing.T) {
+	noNVML := `^lifecycle-agent: gpu (inventory|reset): no NVML on this host: devices: no NVML \(Init: ERROR_[A-Z_]+\)\n$`
+	tests := []struct {
+		name   string
+		args   []string
+		nvml   bool // the case needs a host without NVML
+		code   int
+		stderr string // regexp
+	}{
+		{name: "inventory without NVML", args: []string{"gpu", "inventory"}, nvml: true, code: 3, stderr: noNVML},
+		{name: "inventory --json without NVML", args: []string{"gpu", "inventory", "--json"}, nvml: true, code: 3, stderr: noNVML},
+		{name: "reset --dry-run without NVML", args: []string{"gpu", "reset", "--dry-run", "--gpus", "all"}, nvml: true, code: 3, stderr: noNVML},
+		{
+			name: "reset without --dry-run", args: []string{"gpu", "reset", "--gpus", "all"}, code: 2,
+			stderr: `^lifecycle-agent: gpu reset: refusing to reset without --dry-run: a real GPU reset only runs through a gpu-reset LifecycleEvent .*; run 'lifecycle-agent gpu reset --help'\n$`,
+		},
+		{
+			name: "reset with no flags", args: []string{"gpu", "reset"}, code: 2,
+			stderr: `^lifecycle-agent: gpu reset: refusing to reset without --dry-run`,
+		},
+		{
+			name: "reset --dry-run without --gpus", args: []string{"gpu", "reset", "--dry-run"}, code: 2,
+			stderr: `^lifecycle-agent: gpu reset: missing --gpus: all, GPU UUIDs or indices; run 'lifecycle-agent gpu reset --help'\n$`,
+		},
+		{
+			name: "gpu without a subcommand", args: []string{"gpu"}, code: 2,
+			stderr: `^lifecycle-agent: gpu: missing subcommand: inventory or reset; run 'lifecycle-agent gpu --help'\n$`,
+		},
+		{
+			name: "unknown gpu subcommand", args: []string{"gpu", "rest"}, code: 2,
+			stderr: `^lifecycle-agent: gpu: unknown command "rest" \(did you mean "reset"\?\)`,
+		},
+	}
+	hasNVML := hostHasNVML()
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.nvml && hasNVML {
+				t.Skip("this host has libnvidia-ml.so.1; hack/gpu-check.sh covers it")
+			}
+			code, stdout, stderr := runGPU(t, tc.args...)
+			if code != tc.code {
+				t.Errorf("exit code %d, want %d (stderr %q)", code, tc.code, stderr)
+			}
+			if !regexp.MustCompile(tc.stderr).MatchString(stderr) {
+				t.Errorf("stderr %q does not match %q", stderr, tc.stderr)
+			}
+			if strings.Count(stderr, "\n") != 1 {
+				t.Errorf("stderr is not one line: %q", stderr)
+			}
+			if stdout != "" {
+				t.Errorf("stdout %q, want none", stdout)
+			}
+		})
+	}
+}
+
+// mockGPUs is a devices.Manager over a mock DGX (devicestest).
+func mockGPUs(t *testing.T, model devicestest.Model) (*devicestest.Fleet, *devices.Manager) {
+	t.Helper()
+	f := devicestest.New(model)
+	m, err := f.Manager(devicestest.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := m.Shutdown(); err != nil {
+			t.Error(err)
+		}
+	})
+	return f, m
+}
+
+func TestGPUInventoryOutput(t *testing.T) {
+	tests := []struct {
+		name  string
+		model devicestest.Model
+		json  bool
+		want  []string // substrings; %3 is GPU 3's UUID
+	}{
+		{name: "dgxh100 table", model: devicestest.DGXH100, want: []string{
+			"driver 550.54.15, 8 GPU(s), NVSwitch: true",
+			"INDEX  UUID", "3      %3", "Hopper", "COMPLETED",
+			"RemappedRowsPending, XID 79",
+			"GPUHealthy: False (GPUUnhealthy): 1 of 8 GPUs unhealthy: %3 (index 3): RemappedRowsPending, XID 79",
+		}},
+		{name: "dgxa100 json", model: devicestest.DGXA100, json: true, want: []string{
+			`"driverVersion": "550.54.15"`, `"nvswitch": true`, `"uuid": "%3"`, `"architecture": "Ampere"`,
+			`"remappedRows": {`, `"pending": true`, `"reasons": [`, `"notSupported": [`, `"status": "False"`,
+		}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			f, m := mockGPUs(t, tc.model)
+			f.Set(3, func(g *devicestest.GPU) { g.RemappedRowsPending = true })
+			if !tc.json {
+				w, err := m.WatchEvents(context.Background(), nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				f.InjectXID(3, 79)
+				<-w
+			}
+			var out bytes.Buffer
+			if err := writeInventory(&out, m, gpuInventoryOptions{JSON: tc.json}); err != nil {
+				t.Fatal(err)
+			}
+			for _, w := range tc.want {
+				w = strings.ReplaceAll(w, "%3", f.UUID(3))
+				if !strings.Contains(out.String(), w) {
+					t.Errorf("output does not contain %q:\n%s", w, out.String())
+				}
+			}
+			if calls := f.Calls(); len(calls) > 0 {
+				t.Errorf("inventory changed the GPUs: %q", calls)
+			}
+		})
+	}
+}
+
+func TestGPUResetDryRunOutput(t *testing.T) {
+	services := []string{"nvidia-dcgm.service", "nvidia-persistenced.service"}
+	tests := []struct {
+		name    string
+		model   devicestest.Model
+		method  devices.ResetMethod
+		opts    gpuResetOptions
+		setup   func(*devicestest.Fleet)
+		want    []string // %0, %1 … are UUIDs
+		wantErr string
+	}{
+		{name: "dgxh100 one GPU", model: devicestest.DGXH100, method: devices.ResetMethodSMI, opts: gpuResetOptions{GPUs: "1"},
+			setup: func(f *devicestest.Fleet) { f.Set(1, func(g *devicestest.GPU) { g.Persistence = true }) },
+			want: []string{"dry run: nothing was changed", "selected:     %1", "reset group:  1 GPU(s): %1\n", "nvswitch:     true",
+				"fabric:       %1 COMPLETED (SUCCESS)", "persistence:  would turn off on %1 and restore it after the reset",
+				"would stop:   nvidia-dcgm.service, nvidia-persistenced.service (started again in reverse order)",
+				"inhibitor:    shutdown:sleep (block) held during the reset", "reset:        run nvidia-smi --gpu-reset -i %1",
+				"steps:        check-gpus, stop-gpu-services, persistence-off, gpu-reset, restore-persistence, start-gpu-services, wait-fabric, verify-gpus",
+				"blockers:     none"}},
+		{name: "dgxa100 expands", model: devicestest.DGXA100, method: devices.ResetMethodNVML, opts: gpuResetOptions{GPUs: "0"},
+			want: []string{"reset group:  8 GPU(s): %0, %1,", "(expanded: pre-Hopper NVSwitch system (Ampere)", "%0 not reported",
+				"warning:      pre-Hopper NVSwitch system: Fabric Manager must be stopped for the reset, but gpu.services does not name nvidia-fabricmanager.service",
+				"reset:        NVML reset of %0 [0000:00:00.0]"}},
+		{name: "processes refuse", model: devicestest.DGXH100, method: devices.ResetMethodNVML, opts: gpuResetOptions{GPUs: "all"},
+			setup:   func(f *devicestest.Fleet) { f.Set(2, func(g *devicestest.GPU) { g.ComputePIDs = []uint32{42} }) },
+			want:    []string{"blocker:      %2 (index 2): processes running (compute PIDs 42)"},
+			wantErr: "the reset would be refused now: 1 blocker(s)"},
+		{name: "processes with --drain", model: devicestest.DGXH100, method: devices.ResetMethodNVML, opts: gpuResetOptions{GPUs: "all", Drain: true},
+			setup: func(f *devicestest.Fleet) { f.Set(2, func(g *devicestest.GPU) { g.ComputePIDs = []uint32{42} }) },
+			want:  []string{"drain:        would cordon and drain the node first", "steps:        check-gpus, cordon, evict, wait-empty,", "blocker:      %2"}},
+		{name: "MIG refuses even with --drain", model: devicestest.DGXH100, method: devices.ResetMethodNVML, opts: gpuResetOptions{GPUs: "5", Drain: true},
+			setup:   func(f *devicestest.Fleet) { f.Set(5, func(g *devicestest.GPU) { g.MIG = true }) },
+			want:    []string{"blocker:      %5 (index 5): MIG enabled"},
+			wantErr: "would be refused"},
+		{name: "bad selection is a usage error", model: devicestest.DGXH100, opts: gpuResetOptions{GPUs: "12"}, wantErr: "parameters.gpus"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			f, m := mockGPUs(t, tc.model)
+			if tc.setup != nil {
+				tc.setup(f)
+			}
+			d := drivers.GPUReset{Devices: m, Method: tc.method, Services: services}
+			var out bytes.Buffer
+			err := writeResetDryRun(&out, d, tc.opts)
+			switch {
+			case tc.wantErr == "" && err != nil:
+				t.Fatalf("dry run: %v", err)
+			case tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)):
+				t.Fatalf("dry run: %v, want %q", err, tc.wantErr)
+			}
+			var ee *exitError
+			if tc.name == "bad selection is a usage error" && (!errors.As(err, &ee) || ee.code != exitUsage) {
+				t.Errorf("error %v, want exit code %d", err, exitUsage)
+			}
+			for _, w := range tc.want {
+				for i := range f.Len() {
+					w = strings.ReplaceAll(w, fmt.Sprintf("%%%d", i), f.UUID(i))
+				}
+				if !strings.Contains(out.String(), w) {
+					t.Errorf("output does not contain %q:\n%s", w, out.String())
+				}
+			}
+			if calls := f.Calls(); len(calls) > 0 {
+				t.Errorf("the dry run changed the GPUs: %q", calls)
+			}
+		})
+	}
+}

@@ -1,0 +1,66 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+
+	"github.com/prometheus/client_golang/prometheus"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/clock"
+
+	"github.com/lifecycle-agent/lifecycle-agent/api/v1alpha1"
+	"github.com/lifecycle-agent/lifecycle-agent/internal/apiclient"
+	"github.com/lifecycle-agent/lifecycle-agent/internal/config"
+	"github.com/lifecycle-agent/lifecycle-agent/internal/devices"
+	"github.com/lifecycle-agent/lifecycle-agent/internal/drivers"
+	"github.com/lifecycle-agent/lifecycle-agent/internal/gpuhealth"
+)
+
+// gpuStack is NVML, the gpu-reset driver and the GPU health monitor. On a
+// host without the NVIDIA library it is nil: nothing is published for GPUs.
+type gpuStack struct {
+	mgr     *devices.Manager
+	driver  drivers.Driver
+	monitor *gpuhealth.Monitor
+}
+
+func newGPUStack(cfg *config.Config, log *slog.Logger, clk clock.Clock) *gpuStack {
+	mgr, err := devices.New(devices.Config{Logger: log, Clock: clk})
+	if err == nil {
+		err = mgr.Init()
+	}
+	if err != nil {
+		if errors.Is(err, devices.ErrNoNVML) {
+			log.Info("no NVML on this host: the gpu-reset driver and GPU health are off")
+		} else {
+			log.Warn("NVML failed to start: the gpu-reset driver and GPU health are off", "err", err)
+		}
+		return nil
+	}
+	method, _ := devices.ParseResetMethod(cfg.GPU.ResetMethod)
+	g := &gpuStack{mgr: mgr}
+	g.driver = drivers.GPUReset{Devices: mgr, Method: method, Services: cfg.GPU.Services, RetryDelay: cfg.Drain.EvictRetryDelay, Log: log,
+		AfterReset: func([]string) {
+			if g.monitor != nil {
+				g.monitor.Rewatch()
+			}
+		}}
+	return g
+}
+
+// startMonitor publishes GPUHealthy and the GPU gauges until ctx ends.
+func (g *gpuStack) startMonitor(ctx context.Context, cfg *config.Config, api *apiclient.Client, bootID string, reg prometheus.Registerer, log *slog.Logger, clk clock.Clock) {
+	m, err := gpuhealth.New(gpuhealth.Config{Node: cfg.NodeName, Devices: g.mgr, Conditions: api, Registerer: reg, Clock: clk, Log: log,
+		AutoRemediate: cfg.GPU.AutoRemediate, BootID: bootID,
+		CreateEvent: func(ctx context.Context, ev *v1alpha1.LifecycleEvent) error {
+			_, err := api.LC.Events.Create(ctx, ev, metav1.CreateOptions{})
+			return err
+		}})
+	if err != nil {
+		log.Error("GPU health monitor not started", "err", err)
+		return
+	}
+	g.monitor = m
+	go func() { _ = m.Run(ctx) }()
+}

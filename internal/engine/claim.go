@@ -1,0 +1,226 @@
+package engine
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/lifecycle-agent/lifecycle-agent/api/v1alpha1"
+	"github.com/lifecycle-agent/lifecycle-agent/internal/apiclient"
+	"github.com/lifecycle-agent/lifecycle-agent/internal/drivers"
+	"github.com/lifecycle-agent/lifecycle-agent/internal/journal"
+)
+
+// tryClaim claims the oldest claimable event, or returns nil.
+func (e *Engine) tryClaim(ctx context.Context) *active {
+	cands := e.candidates()
+	if len(cands) == 0 {
+		return nil
+	}
+	// Another agent process for this node is busy: do not even try.
+	if holder, err := e.cfg.API.NodeLeaseHolder(ctx, e.cfg.Clock.Now()); err != nil || (holder != "" && holder != e.cfg.Identity) {
+		return nil
+	}
+	for _, cached := range cands {
+		a, err := e.claim(ctx, cached)
+		if err != nil {
+			if errors.Is(err, apiclient.ErrLeaseHeld) {
+				e.log.Debug("not claimed: the node lease is held", "event", cached.Name)
+				return nil
+			}
+			e.log.Info("not claimed", "event", cached.Name, "reason", err)
+			continue
+		}
+		if a != nil {
+			return a
+		}
+	}
+	return nil
+}
+
+// claim runs the claim protocol of doc.go for one event. It returns
+// (nil, nil) when the event is not ours to run (not applicable, another
+// driver host's, or failed at validation).
+func (e *Engine) claim(ctx context.Context, cached *v1alpha1.LifecycleEvent) (*active, error) {
+	ev, err := e.cfg.API.GetEvent(ctx, cached.Name)
+	if err != nil {
+		return nil, err
+	}
+	now := e.cfg.Clock.Now()
+	adopt := ev.Status.ClaimStatus == v1alpha1.LifecycleEventClaimed && ev.Status.Holder != nil && ev.Status.Holder.Identity == e.cfg.Identity
+	if !adopt && ev.Status.ClaimStatus != "" && ev.Status.ClaimStatus != v1alpha1.LifecycleEventPending {
+		return nil, nil
+	}
+	lt, err := e.cfg.API.GetTransition(ctx, ev.Spec.TransitionName)
+	if apierrors.IsNotFound(err) {
+		return nil, e.reject(ctx, ev, fmt.Sprintf("LifecycleTransition %q not found", ev.Spec.TransitionName))
+	}
+	if err != nil {
+		return nil, err
+	}
+	d, ok := e.drivers[lt.Spec.Driver]
+	if !ok {
+		return nil, nil // another driver host's (or a disabled driver): leave it
+	}
+	node, err := e.cfg.API.GetNode(ctx)
+	if err != nil {
+		return nil, err
+	}
+	applies, err := apiclient.TransitionApplies(lt, node)
+	if err != nil {
+		return nil, e.reject(ctx, ev, err.Error())
+	}
+	if !applies {
+		return nil, e.reject(ctx, ev, fmt.Sprintf("LifecycleTransition %q does not apply to node %s", lt.Name, e.cfg.Node))
+	}
+	steps, planErr := d.Plan(ev.Spec.Parameters)
+
+	// The per-node Lease: at most one claimed event per node, across processes.
+	holder := apiclient.LeaseHolder{Identity: e.cfg.Identity, Event: ev.Name, EventUID: string(ev.UID), Duration: e.cfg.LeaseDuration}
+	if err := e.cfg.API.AcquireNodeLease(ctx, holder, now); err != nil {
+		return nil, err
+	}
+	a := &active{name: ev.Name, uid: string(ev.UID), driver: d, steps: steps, tn: lt.Name}
+	if adopt {
+		a.status = ev.Status
+	} else {
+		sla := d.SLA()
+		if lt.Spec.Sla != nil {
+			sla = lt.Spec.Sla.Duration
+		}
+		t := metav1.NewTime(now)
+		deadline := metav1.NewTime(now.Add(sla))
+		a.status = v1alpha1.LifecycleEventStatus{
+			ClaimStatus: v1alpha1.LifecycleEventClaimed,
+			Sla:         &deadline,
+			Driver:      v1alpha1.LifecycleDriverStatus{Name: d.Name(), Start: d.Start(), End: d.End()},
+			Holder:      &v1alpha1.Holder{Identity: e.cfg.Identity, BootID: e.cfg.Host.BootID(), ClaimTime: &t, RenewTime: &t},
+			Message:     "claimed by " + e.cfg.Identity,
+		}
+		for _, s := range steps {
+			a.status.Steps = append(a.status.Steps, v1alpha1.StepStatus{Name: s.Name, State: v1alpha1.StepPending})
+		}
+		setCond(&a.status, v1alpha1.ConditionProgressing, metav1.ConditionTrue, "Claimed", "claimed by "+e.cfg.Identity, now)
+		setCond(&a.status, v1alpha1.ConditionWaitingForDisruptionBudget, metav1.ConditionFalse, "NotWaiting", "", now)
+		ev.Status = a.status
+		// The claim: a status update guarded by the resourceVersion we read.
+		// gofail: var engineBeforeClaim struct{}
+		if _, err := e.cfg.API.UpdateEventStatus(ctx, ev); err != nil {
+			_ = e.cfg.API.ReleaseNodeLease(ctx, e.cfg.Identity)
+			if apierrors.IsConflict(err) {
+				return nil, fmt.Errorf("lost the claim race: %w", err)
+			}
+			return nil, err
+		}
+		// gofail: var engineAfterClaim struct{}
+		e.cfg.Metrics.ClaimLatency.Observe(now.Sub(ev.CreationTimestamp.Time).Seconds())
+		e.log.Info("claimed", "event", ev.Name, "driver", d.Name(), "transition", lt.Name)
+	}
+	// Finalizer before any side effect.
+	if err := e.cfg.API.SetFinalizer(ctx, ev.Name, true); err != nil {
+		return nil, fmt.Errorf("adding the finalizer: %w", err)
+	}
+	// gofail: var engineAfterFinalizer struct{}
+	a.ev = ev
+	if a.status.Sla != nil {
+		a.deadline = a.status.Sla.Time
+	}
+	if err := e.snapshot(a, journal.EventClaimed); err != nil {
+		return nil, err
+	}
+	if planErr != nil {
+		// Bad parameters: claimed, then failed with the reason; nothing was done.
+		a.failNow = planErr
+	}
+	return a, nil
+}
+
+// reject writes Failed on an event the agent cannot run, with the reason.
+func (e *Engine) reject(ctx context.Context, ev *v1alpha1.LifecycleEvent, why string) error {
+	now := metav1.NewTime(e.cfg.Clock.Now())
+	ev.Status.ClaimStatus = v1alpha1.LifecycleEventFailed
+	ev.Status.Message = why
+	ev.Status.CompletionTime = &now
+	ev.Status.Holder = &v1alpha1.Holder{Identity: e.cfg.Identity, BootID: e.cfg.Host.BootID(), ClaimTime: &now}
+	setCond(&ev.Status, v1alpha1.ConditionProgressing, metav1.ConditionFalse, "Failed", why, now.Time)
+	if _, err := e.cfg.API.UpdateEventStatus(ctx, ev); err != nil {
+		return err
+	}
+	e.cfg.Metrics.Events.WithLabelValues("unknown", string(v1alpha1.LifecycleEventFailed)).Inc()
+	e.log.Warn("event refused", "event", ev.Name, "reason", why)
+	return errors.New(why)
+}
+
+// snapshot commits the event, its status and the engine's own attributes.
+func (e *Engine) snapshot(a *active, st journal.EventState) error {
+	obj := a.ev.DeepCopy()
+	obj.Status = a.status
+	raw, err := json.Marshal(obj)
+	if err != nil {
+		return err
+	}
+	attrs := map[string]string{"transition": a.tn}
+	if a.slot != "" {
+		attrs["slot"] = a.slot
+	}
+	if err := e.cfg.Journal.PutEvent(journal.EventRecord{UID: a.uid, Name: a.name, Driver: a.driver.Name(),
+		ResourceVersion: obj.ResourceVersion, State: st, Object: raw, Attrs: attrs}); err != nil {
+		return fmt.Errorf("engine: journal event %s: %w", a.name, err)
+	}
+	a.jstate = st
+	return nil
+}
+
+// resume rebuilds an active event from its journal record.
+func (e *Engine) resume(r journal.EventRecord) (*active, error) {
+	var ev v1alpha1.LifecycleEvent
+	if err := json.Unmarshal(r.Object, &ev); err != nil {
+		return nil, fmt.Errorf("decode snapshot: %w", err)
+	}
+	d, ok := e.drivers[r.Driver]
+	if !ok {
+		return nil, fmt.Errorf("driver %s is not enabled any more", r.Driver)
+	}
+	steps, planErr := d.Plan(ev.Spec.Parameters)
+	a := &active{name: r.Name, uid: r.UID, driver: d, steps: steps, ev: &ev, status: ev.Status,
+		tn: r.Attrs["transition"], slot: r.Attrs["slot"], jstate: r.State, failNow: planErr}
+	if a.status.Sla != nil {
+		a.deadline = a.status.Sla.Time
+	}
+	e.log.Info("resuming event from the journal", "event", a.name, "state", r.State.String())
+	return a, nil
+}
+
+func setCond(st *v1alpha1.LifecycleEventStatus, typ string, status metav1.ConditionStatus, reason, msg string, now time.Time) {
+	if len(msg) > 1024 {
+		msg = msg[:1021] + "..."
+	}
+	meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: typ, Status: status, Reason: reason, Message: msg, LastTransitionTime: metav1.NewTime(now)})
+}
+
+func isTransient(err error) bool {
+	if err == nil {
+		return false
+	}
+	var st apierrors.APIStatus
+	if errors.As(err, &st) {
+		code := st.Status().Code
+		return code == 429 || code >= 500
+	}
+	if errors.Is(err, context.Canceled) {
+		return false
+	}
+	s := err.Error()
+	return strings.Contains(s, "connection refused") || strings.Contains(s, "i/o timeout") || strings.Contains(s, "EOF") ||
+		strings.Contains(s, "no route to host") || strings.Contains(s, "connection reset") || strings.Contains(s, "Client.Timeout") ||
+		errors.Is(err, context.DeadlineExceeded)
+}
+
+var _ = drivers.Prefix

@@ -1,0 +1,44 @@
+// Package engine claims this node's LifecycleEvents and runs them, one at a
+// time, through the journal.
+//
+// Claim protocol (at most one claimed event per node):
+//  1. The event is bound to this node (the watch is filtered server-side),
+//     Pending, not being deleted; its LifecycleTransition exists, applies to
+//     this node (nodeName, nodeSelector against the Node's labels, or
+//     allNodes) and names an enabled driver of ours.
+//  2. The per-node Lease node-<node> in lifecycle-system is taken (or
+//     renewed) for this agent's identity. Another live holder means another
+//     agent process for this node is busy: wait.
+//  3. status is updated to Claimed (holder, driver, sla, steps) with the
+//     event's resourceVersion: of two claimers exactly one wins, the other
+//     gets 409 and gives the lease back.
+//  4. The finalizer lifecycle.x-k8s.io/agent is added, then the event's
+//     snapshot is committed to the journal — both before any side effect.
+//
+// Each step then goes: journal intent (Running, attempt, boot ID) committed
+// → status (through the journal's outbox) → act → journal done → status.
+// Status and Node conditions are never written directly: they are pushed to
+// the outbox, which supersedes older entries of the same kind, and a
+// flusher delivers them in order while the API server is reachable. So an
+// older state never overwrites a newer one, and nothing is lost offline.
+//
+// Replay: at start every unfinished journal event resumes. Steps whose done
+// record is committed are skipped; a step whose intent is committed but not
+// its done record is checked with the driver's Done (a reboot step is done
+// when the boot ID changed) or, if it has none, repeated (it is idempotent).
+//
+// Ending: at the deadline (status.sla) or when the event is deleted, the
+// running step's context is cancelled (the next safe point), the driver's
+// abort runs — by default: undo the cordon we own — and SlaExpired or Failed
+// is written. On every end state the finalizer is removed only after the
+// final status was accepted, then the slot and the node Lease are released
+// and the journal moves the event to its history. Finished events are
+// deleted eventRetention after completion (0: at once).
+//
+// Disruption budget (spec.disruption): before the first disruptive step the
+// agent holds one of the Leases <group>-0…<group>-(maxConcurrent-1); while
+// it waits, condition WaitingForDisruptionBudget is True. The slot is kept,
+// renewed and recorded in the journal until the event ends.
+//
+// All time comes from the injected clock; the engine never sleeps.
+package engine

@@ -1,0 +1,287 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/clock"
+
+	"github.com/lifecycle-agent/lifecycle-agent/api/v1alpha1"
+	"github.com/lifecycle-agent/lifecycle-agent/internal/apiclient"
+	"github.com/lifecycle-agent/lifecycle-agent/internal/drivers"
+	"github.com/lifecycle-agent/lifecycle-agent/internal/journal"
+)
+
+// Config wires an Engine. Every field but Metrics and Notify is required.
+type Config struct {
+	Node     string
+	Identity string // unique per agent process lineage: node + journal
+	API      *apiclient.Client
+	Journal  *journal.Journal
+	Drivers  []drivers.Driver
+	// Host performs (or simulates) host actions; its BootID stamps intents.
+	Host  drivers.HostOps
+	Clock clock.Clock
+	Log   *slog.Logger
+	// EventRetention keeps finished events this long (0: delete at once).
+	EventRetention time.Duration
+	// LeaseDuration of the node and slot Leases (default 40 s), renewed every third.
+	LeaseDuration time.Duration
+	// Resync is how often the engine looks again without a watch event (default 5 s).
+	Resync time.Duration
+	// Notify receives a one-line state for systemd's STATUS=.
+	Notify  func(status string)
+	Metrics *Metrics
+}
+
+// Engine runs this node's events.
+type Engine struct {
+	cfg     Config
+	log     *slog.Logger
+	drivers map[string]drivers.Driver
+
+	wake      chan struct{}
+	flushWake chan struct{}
+	watch     *apiclient.EventWatch
+
+	mu      sync.Mutex
+	current *active
+	state   string
+}
+
+// New checks cfg and returns an Engine.
+func New(cfg Config) (*Engine, error) {
+	switch {
+	case cfg.Node == "", cfg.API == nil, cfg.Journal == nil, cfg.Clock == nil, cfg.Log == nil, cfg.Host == nil:
+		return nil, errors.New("engine: Config needs Node, API, Journal, Clock, Log and Host")
+	}
+	if cfg.Identity == "" {
+		cfg.Identity = cfg.Node
+	}
+	if cfg.LeaseDuration == 0 {
+		cfg.LeaseDuration = 40 * time.Second
+	}
+	if cfg.Resync == 0 {
+		cfg.Resync = 5 * time.Second
+	}
+	if cfg.Metrics == nil {
+		cfg.Metrics = NewMetrics(nil)
+	}
+	e := &Engine{cfg: cfg, log: cfg.Log.With("node", cfg.Node), drivers: map[string]drivers.Driver{},
+		wake: make(chan struct{}, 1), flushWake: make(chan struct{}, 1)}
+	for _, d := range cfg.Drivers {
+		e.drivers[d.Name()] = d
+	}
+	return e, nil
+}
+
+func poke(c chan struct{}) {
+	select {
+	case c <- struct{}{}:
+	default:
+	}
+}
+
+// setState is the one place a state change is announced: it logs from → to
+// and updates systemd's STATUS=.
+func (e *Engine) setState(s string, attrs ...any) {
+	e.mu.Lock()
+	from := e.state
+	if from == s {
+		e.mu.Unlock()
+		return
+	}
+	e.state = s
+	e.mu.Unlock()
+	e.log.Info("state", append([]any{"from", from, "to", s}, attrs...)...)
+	if e.cfg.Notify != nil {
+		e.cfg.Notify(s)
+	}
+}
+
+// State returns the current one-line state.
+func (e *Engine) State() string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.state
+}
+
+// Run publishes transitions, watches this node's events and runs them until
+// ctx ends.
+func (e *Engine) Run(ctx context.Context) error {
+	go e.flushLoop(ctx)
+	e.setState("starting")
+	// Local work first: resume what the journal says is unfinished, even
+	// while the API server is unreachable.
+	recs, err := e.cfg.Journal.Events()
+	if err != nil {
+		return fmt.Errorf("engine: read journal: %w", err)
+	}
+	for _, r := range recs {
+		if r.Driver == ShutdownDriver {
+			continue // closed out below, once the API answers
+		}
+		a, err := e.resume(r)
+		if err != nil {
+			e.log.Error("cannot resume event from journal", "event", r.Name, "err", err)
+			continue
+		}
+		e.execute(ctx, a)
+	}
+	// Then the API: publish our transitions and watch our events.
+	for ctx.Err() == nil {
+		if err := e.publish(ctx); err == nil {
+			break
+		} else {
+			e.log.Warn("publishing transitions failed; retrying", "err", err)
+		}
+		if !e.sleep(ctx, e.cfg.Resync) {
+			return nil
+		}
+	}
+	e.closeOutShutdowns(ctx)
+	w, err := e.cfg.API.WatchEvents(ctx, func(name string) { e.onEvent(name) }, false)
+	if err != nil {
+		return err
+	}
+	e.mu.Lock()
+	e.watch = w
+	e.mu.Unlock()
+	e.setState("idle")
+	for ctx.Err() == nil {
+		if w.Synced() {
+			if a := e.tryClaim(ctx); a != nil {
+				e.execute(ctx, a)
+				continue
+			}
+			e.collect(ctx)
+		}
+		select {
+		case <-ctx.Done():
+		case <-e.wake:
+		case <-e.cfg.Clock.After(e.cfg.Resync):
+		}
+	}
+	return nil
+}
+
+func (e *Engine) sleep(ctx context.Context, d time.Duration) bool {
+	select {
+	case <-ctx.Done():
+		return false
+	case <-e.cfg.Clock.After(d):
+		return true
+	}
+}
+
+// onEvent is the watch callback: wake the loop, and cancel the running
+// event at its next safe point when it is being deleted.
+func (e *Engine) onEvent(name string) {
+	poke(e.wake)
+	e.mu.Lock()
+	a, w := e.current, e.watch
+	e.mu.Unlock()
+	if a == nil || a.name != name || w == nil {
+		return
+	}
+	ev, ok := w.Get(name)
+	if !ok || ev.DeletionTimestamp != nil || (a.uid != "" && string(ev.UID) != a.uid) {
+		a.cancel(errCancelled)
+	}
+}
+
+func (e *Engine) publish(ctx context.Context) error {
+	node, err := e.cfg.API.GetNode(ctx)
+	if err != nil {
+		return err
+	}
+	var want []v1alpha1.LifecycleTransition
+	for _, d := range e.cfg.Drivers {
+		sla := metav1.Duration{Duration: d.SLA()}
+		nodeName := e.cfg.Node
+		want = append(want, v1alpha1.LifecycleTransition{
+			ObjectMeta: metav1.ObjectMeta{Name: TransitionName(e.cfg.Node, d)},
+			Spec: v1alpha1.LifecycleTransitionSpec{Start: v1alpha1.StateName(d.Start()), End: v1alpha1.StateName(d.End()),
+				NodeName: &nodeName, Sla: &sla, Driver: d.Name()},
+		})
+	}
+	return e.cfg.API.PublishTransitions(ctx, node, want)
+}
+
+// TransitionName is the name of the transition the agent publishes for a driver.
+func TransitionName(node string, d drivers.Driver) string { return node + "-" + d.Short() }
+
+// candidates returns this node's claimable events, oldest first.
+func (e *Engine) candidates() []*v1alpha1.LifecycleEvent {
+	var out []*v1alpha1.LifecycleEvent
+	for _, ev := range e.watch.List() {
+		if ev.DeletionTimestamp != nil || ev.Spec.BindingNode != e.cfg.Node {
+			continue
+		}
+		cs := ev.Status.ClaimStatus
+		mine := cs == v1alpha1.LifecycleEventClaimed && ev.Status.Holder != nil && ev.Status.Holder.Identity == e.cfg.Identity
+		if cs == "" || cs == v1alpha1.LifecycleEventPending || mine {
+			out = append(out, ev)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool {
+		ti, tj := out[i].CreationTimestamp, out[j].CreationTimestamp
+		if !ti.Equal(&tj) {
+			return ti.Before(&tj)
+		}
+		return out[i].Name < out[j].Name
+	})
+	return out
+}
+
+// collect deletes our finished events once eventRetention has passed.
+func (e *Engine) collect(ctx context.Context) {
+	now := e.cfg.Clock.Now()
+	for _, ev := range e.watch.List() {
+		if !ev.Status.ClaimStatus.Finished() || ev.Status.CompletionTime == nil || ev.DeletionTimestamp != nil {
+			continue
+		}
+		if ev.Status.Holder == nil || ev.Status.Holder.Identity != e.cfg.Identity {
+			continue
+		}
+		if now.Before(ev.Status.CompletionTime.Add(e.cfg.EventRetention)) {
+			continue
+		}
+		if err := e.cfg.API.DeleteEvent(ctx, ev); err != nil {
+			e.log.Warn("deleting a finished event failed", "event", ev.Name, "err", err)
+		}
+	}
+}
+
+// nodeConditions are the Node conditions for an event in a given phase.
+func nodeConditions(tn, name, reason string, status corev1.ConditionStatus, driver string, drain, done bool) []apiclient.NodeCondition {
+	msg := fmt.Sprintf("Lifecycle Transition '%s' (event %s)", tn, name)
+	conds := []apiclient.NodeCondition{{Type: v1alpha1.NodeConditionLifecycleTransition, Status: status, Reason: reason, Message: msg}}
+	if drain {
+		inProgress := corev1.ConditionTrue
+		if done {
+			inProgress = corev1.ConditionFalse
+		}
+		conds = append(conds, apiclient.NodeCondition{Type: v1alpha1.NodeConditionDrainInProgress, Status: inProgress, Reason: reason, Message: msg})
+		drained := corev1.ConditionFalse
+		if done && reason != "Failed" && reason != "SlaExpired" {
+			drained = corev1.ConditionTrue
+		}
+		conds = append(conds, apiclient.NodeCondition{Type: v1alpha1.NodeConditionDrained, Status: drained, Reason: reason, Message: msg})
+	}
+	return conds
+}
+
+var (
+	errCancelled = errors.New("cancelled: the event was deleted")
+	errDeadline  = errors.New("the sla deadline passed")
+)
+
+func errorsIs(err, target error) bool { return errors.Is(err, target) }

@@ -1,0 +1,576 @@
+package engine
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/lifecycle-agent/lifecycle-agent/api/v1alpha1"
+	"github.com/lifecycle-agent/lifecycle-agent/internal/apiclient"
+	"github.com/lifecycle-agent/lifecycle-agent/internal/drivers"
+	"github.com/lifecycle-agent/lifecycle-agent/internal/journal"
+)
+
+// active is the event being run.
+type active struct {
+	name, uid, tn string
+	ev            *v1alpha1.LifecycleEvent
+	driver        drivers.Driver
+	steps         []drivers.Step
+	status        v1alpha1.LifecycleEventStatus
+	deadline      time.Time
+	slot          string
+	jstate        journal.EventState
+	failNow       error // refuse before the first step (bad parameters)
+
+	mu         sync.Mutex
+	cancelErr  error
+	cancelStep context.CancelFunc
+}
+
+func (a *active) cancel(why error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.cancelErr == nil {
+		a.cancelErr = why
+	}
+	if a.cancelStep != nil {
+		a.cancelStep()
+	}
+}
+
+func (a *active) cancelled() error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.cancelErr
+}
+
+// execute runs a claimed or resumed event to an end state.
+func (e *Engine) execute(ctx context.Context, a *active) {
+	e.mu.Lock()
+	e.current = a
+	e.mu.Unlock()
+	defer func() {
+		e.mu.Lock()
+		e.current = nil
+		e.mu.Unlock()
+	}()
+	renewCtx, stopRenew := context.WithCancel(ctx)
+	defer stopRenew()
+	go e.renewLoop(renewCtx, a)
+
+	if a.jstate == journal.EventFinishing {
+		e.finish(ctx, a, e.outcomeFromStatus(a), a.status.Message)
+		return
+	}
+	if a.failNow != nil {
+		e.finish(ctx, a, journal.OutcomeFailed, a.failNow.Error())
+		return
+	}
+	if len(a.status.Steps) != len(a.steps) {
+		// A status from elsewhere (adopted) that does not match the plan.
+		a.status.Steps = nil
+		for _, s := range a.steps {
+			a.status.Steps = append(a.status.Steps, v1alpha1.StepStatus{Name: s.Name, State: v1alpha1.StepPending})
+		}
+	}
+	// Node condition: the transition is in progress.
+	e.pushNode(a, a.driver.Start(), corev1.ConditionTrue, false)
+	outcome, msg := e.runSteps(ctx, a)
+	if ctx.Err() != nil {
+		return // the agent is stopping: resume from the journal next time
+	}
+	if outcome != journal.OutcomeSucceeded {
+		e.abort(ctx, a)
+	}
+	e.finish(ctx, a, outcome, msg)
+}
+
+func (e *Engine) outcomeFromStatus(a *active) journal.Outcome {
+	switch a.status.ClaimStatus {
+	case v1alpha1.LifecycleEventSucceeded:
+		return journal.OutcomeSucceeded
+	case v1alpha1.LifecycleEventSlaExpired:
+		return journal.OutcomeSlaExpired
+	}
+	return journal.OutcomeFailed
+}
+
+// runSteps runs the remaining steps in order.
+func (e *Engine) runSteps(ctx context.Context, a *active) (journal.Outcome, string) {
+	recs, err := e.cfg.Journal.Steps(a.uid)
+	if err != nil {
+		return journal.OutcomeFailed, "journal: " + err.Error()
+	}
+	last := map[string]journal.StepRecord{}
+	attempts := map[string]int{}
+	for _, r := range recs {
+		last[r.Step] = r
+		if r.Phase == journal.PhaseIntent {
+			attempts[r.Step] = r.Attempt
+		}
+	}
+	if a.jstate == journal.EventClaimed {
+		if err := e.snapshot(a, journal.EventRunning); err != nil {
+			return journal.OutcomeFailed, err.Error()
+		}
+	}
+	for i, s := range a.steps {
+		if r, ok := last[s.Name]; ok && r.Phase == journal.PhaseDone && (r.State == journal.StepDone || r.State == journal.StepSkipped) {
+			continue // done before a restart
+		}
+		if err := e.gate(ctx, a); err != nil {
+			return e.stopped(a, err)
+		}
+		if s.Disruptive && a.ev.Spec.Disruption != nil && a.slot == "" {
+			if err := e.waitSlot(ctx, a); err != nil {
+				return e.stopped(a, err)
+			}
+		}
+		rt := &runtime{e: e, a: a}
+		// A step whose intent was committed but not its completion: ask the
+		// driver whether it took effect before doing it again.
+		if r, ok := last[s.Name]; ok && r.Phase == journal.PhaseIntent && s.Done != nil {
+			done, err := s.Done(ctx, rt, r.BootID)
+			if err == nil && done {
+				if err := e.stepDone(a, i, attempts[s.Name], "found done on replay"); err != nil {
+					return journal.OutcomeFailed, err.Error()
+				}
+				continue
+			}
+		}
+		for {
+			attempts[s.Name]++
+			err := e.runStep(ctx, a, i, attempts[s.Name], rt)
+			if err == nil {
+				break
+			}
+			if cerr := e.gate(ctx, a); cerr != nil {
+				return e.stopped(a, cerr)
+			}
+			if s.NeedsAPI && isTransient(err) {
+				e.log.Warn("step failed for a transient reason; retrying", "event", a.name, "step", s.Name, "err", err)
+				if !e.sleep(ctx, backoff(attempts[s.Name])) {
+					return journal.OutcomeFailed, "agent stopping"
+				}
+				continue
+			}
+			msg := fmt.Sprintf("step %s failed: %v", s.Name, err)
+			e.stepFailed(a, i, attempts[s.Name], msg)
+			return journal.OutcomeFailed, msg
+		}
+	}
+	return journal.OutcomeSucceeded, fmt.Sprintf("transition %s → %s complete", a.driver.Start(), a.driver.End())
+}
+
+func backoff(attempt int) time.Duration {
+	d := time.Second << min(attempt, 5)
+	return min(d, 30*time.Second)
+}
+
+// gate is the safe point between steps: cancellation and the deadline.
+func (e *Engine) gate(ctx context.Context, a *active) error {
+	if err := a.cancelled(); err != nil {
+		return err
+	}
+	if !a.deadline.IsZero() && !e.cfg.Clock.Now().Before(a.deadline) {
+		return errDeadline
+	}
+	return ctx.Err()
+}
+
+func (e *Engine) stopped(a *active, err error) (journal.Outcome, string) {
+	switch {
+	case errors.Is(err, errDeadline):
+		return journal.OutcomeSlaExpired, fmt.Sprintf("sla deadline %s passed during step %s%s", a.deadline.UTC().Format(time.RFC3339), a.status.CurrentStep, lastWord(a))
+	case errors.Is(err, errCancelled):
+		return journal.OutcomeCancelled, errCancelled.Error()
+	}
+	return journal.OutcomeFailed, err.Error()
+}
+
+func lastWord(a *active) string {
+	if a.status.Message != "" && !strings.HasPrefix(a.status.Message, "claimed by") {
+		return ": " + a.status.Message
+	}
+	return ""
+}
+
+// runStep is intent → commit → status → act → done → status for one step.
+func (e *Engine) runStep(ctx context.Context, a *active, i, attempt int, rt *runtime) error {
+	s := a.steps[i]
+	now := e.cfg.Clock.Now()
+	if _, err := e.cfg.Journal.AppendStep(a.uid, journal.StepRecord{Step: s.Name, Phase: journal.PhaseIntent,
+		State: journal.StepRunning, Attempt: attempt, BootID: e.cfg.Host.BootID()}); err != nil {
+		return fmt.Errorf("journal intent: %w", err)
+	}
+	st := &a.status.Steps[i]
+	st.State, st.Attempt, st.Message = v1alpha1.StepRunning, int32(attempt), ""
+	st.StartTime, st.FinishTime = ptrTime(now), nil
+	a.status.CurrentStep = s.Name
+	setCond(&a.status, v1alpha1.ConditionProgressing, metav1.ConditionTrue, "StepRunning", "running step "+s.Name, now)
+	e.pushStatus(a)
+	e.setState(fmt.Sprintf("event %s: step %s", a.name, s.Name), "event", a.name, "step", s.Name)
+
+	stepCtx, cancel := context.WithCancel(ctx)
+	if !a.deadline.IsZero() {
+		stepCtx, cancel = context.WithDeadline(ctx, a.deadline)
+	}
+	a.mu.Lock()
+	a.cancelStep = cancel
+	a.mu.Unlock()
+	start := e.cfg.Clock.Now()
+	// gofail: var engineBeforeSideEffect struct{}
+	err := s.Run(stepCtx, rt)
+	cancel()
+	// gofail: var engineAfterSideEffect struct{}
+	e.cfg.Metrics.StepDuration.WithLabelValues(a.driver.Short(), s.Name).Observe(e.cfg.Clock.Since(start).Seconds())
+	if err != nil {
+		return err
+	}
+	return e.stepDone(a, i, attempt, "")
+}
+
+func (e *Engine) stepDone(a *active, i, attempt int, msg string) error {
+	s := a.steps[i]
+	if _, err := e.cfg.Journal.AppendStep(a.uid, journal.StepRecord{Step: s.Name, Phase: journal.PhaseDone,
+		State: journal.StepDone, Attempt: attempt, BootID: e.cfg.Host.BootID(), Message: msg}); err != nil {
+		return fmt.Errorf("journal done: %w", err)
+	}
+	st := &a.status.Steps[i]
+	st.State, st.FinishTime = v1alpha1.StepDone, ptrTime(e.cfg.Clock.Now())
+	if attempt > 0 {
+		st.Attempt = int32(attempt)
+	}
+	if msg != "" {
+		st.Message = msg
+	}
+	e.pushStatus(a)
+	e.recordEvent(a, corev1.EventTypeNormal, "StepDone", fmt.Sprintf("step %s done", s.Name))
+	return nil
+}
+
+func (e *Engine) stepFailed(a *active, i, attempt int, msg string) {
+	s := a.steps[i]
+	if _, err := e.cfg.Journal.AppendStep(a.uid, journal.StepRecord{Step: s.Name, Phase: journal.PhaseDone,
+		State: journal.StepFailed, Attempt: attempt, BootID: e.cfg.Host.BootID(), Message: truncate(msg)}); err != nil {
+		e.log.Error("journal step failure", "event", a.name, "step", s.Name, "err", err)
+	}
+	st := &a.status.Steps[i]
+	st.State, st.FinishTime, st.Message = v1alpha1.StepFailed, ptrTime(e.cfg.Clock.Now()), truncate(msg)
+	e.recordEvent(a, corev1.EventTypeWarning, "StepFailed", msg)
+}
+
+// abort undoes what the event owns: the driver's own abort, or by default
+// the cordon we made.
+func (e *Engine) abort(ctx context.Context, a *active) {
+	if err := e.snapshot(a, journal.EventAborting); err != nil {
+		e.log.Error("journal abort", "event", a.name, "err", err)
+	}
+	rt := &runtime{e: e, a: a}
+	var err error
+	if ab, ok := a.driver.(drivers.Abortable); ok {
+		err = ab.Abort(ctx, rt)
+	} else if rt.Owns(drivers.Change{Kind: "cordon", Key: e.cfg.Node}) {
+		_, err = e.retryAPI(ctx, func(c context.Context) (bool, error) { return e.cfg.API.Uncordon(c, a.name, false) })
+		if err == nil {
+			err = rt.Disown(drivers.Change{Kind: "cordon", Key: e.cfg.Node})
+		}
+	}
+	if err != nil {
+		e.log.Error("abort could not undo everything", "event", a.name, "err", err)
+		a.status.Message += "; abort: " + err.Error()
+	}
+}
+
+// retryAPI runs f until it succeeds, fails for a non-transient reason, or
+// 2 minutes pass.
+func (e *Engine) retryAPI(ctx context.Context, f func(context.Context) (bool, error)) (bool, error) {
+	deadline := e.cfg.Clock.Now().Add(2 * time.Minute)
+	for i := 1; ; i++ {
+		v, err := f(ctx)
+		if err == nil || !isTransient(err) || !e.cfg.Clock.Now().Before(deadline) {
+			return v, err
+		}
+		if !e.sleep(ctx, backoff(i)) {
+			return v, ctx.Err()
+		}
+	}
+}
+
+// finish writes the end state, then — once the API server has accepted it —
+// removes the finalizer, releases the slot and the node Lease, and moves the
+// event to the journal's history.
+func (e *Engine) finish(ctx context.Context, a *active, outcome journal.Outcome, msg string) {
+	now := e.cfg.Clock.Now()
+	cs, reason := v1alpha1.LifecycleEventFailed, "Failed"
+	switch outcome {
+	case journal.OutcomeSucceeded:
+		cs, reason = v1alpha1.LifecycleEventSucceeded, a.driver.End()
+	case journal.OutcomeSlaExpired:
+		cs, reason = v1alpha1.LifecycleEventSlaExpired, "SlaExpired"
+	}
+	if a.jstate != journal.EventFinishing {
+		a.status.ClaimStatus = cs
+		a.status.Message = truncate(msg)
+		a.status.CompletionTime = ptrTime(now)
+		setCond(&a.status, v1alpha1.ConditionProgressing, metav1.ConditionFalse, string(cs), truncate(msg), now)
+		setCond(&a.status, v1alpha1.ConditionWaitingForDisruptionBudget, metav1.ConditionFalse, "NotWaiting", "", now)
+		if err := e.snapshot(a, journal.EventFinishing); err != nil {
+			e.log.Error("journal finishing", "event", a.name, "err", err)
+		}
+		e.pushStatus(a)
+		e.pushNode(a, reason, corev1.ConditionFalse, true)
+	}
+	e.setState(fmt.Sprintf("event %s: finishing (%s)", a.name, cs), "event", a.name)
+	// Wait until the end state is delivered (the API may be down).
+	for ctx.Err() == nil {
+		pending, err := e.cfg.Journal.OutboxPending()
+		if err == nil && !hasUID(pending, a.uid) {
+			break
+		}
+		poke(e.flushWake)
+		if !e.sleep(ctx, 500*time.Millisecond) {
+			return
+		}
+	}
+	// gofail: var engineBeforeFinalizerRemove struct{}
+	for _, f := range []func(context.Context) (bool, error){
+		func(c context.Context) (bool, error) { return true, e.cfg.API.SetFinalizer(c, a.name, false) },
+		func(c context.Context) (bool, error) {
+			if a.slot == "" {
+				return true, nil
+			}
+			return true, e.cfg.API.ReleaseSlot(c, a.slot, e.cfg.Identity)
+		},
+		func(c context.Context) (bool, error) { return true, e.cfg.API.ReleaseNodeLease(c, e.cfg.Identity) },
+	} {
+		if _, err := e.retryAPI(ctx, f); err != nil {
+			e.log.Warn("finishing: API call failed", "event", a.name, "err", err)
+		}
+	}
+	// gofail: var engineAfterFinalizerRemove struct{}
+	if err := e.cfg.Journal.FinishEvent(a.uid, outcome, truncate(msg)); err != nil {
+		e.log.Error("journal finish", "event", a.name, "err", err)
+	}
+	e.cfg.Metrics.Events.WithLabelValues(a.driver.Short(), string(cs)).Inc()
+	e.log.Info("event finished", "event", a.name, "outcome", string(cs), "message", msg)
+	e.setState("idle")
+}
+
+func hasUID(es []journal.OutboxEntry, uid string) bool {
+	for _, e := range es {
+		if e.UID == uid {
+			return true
+		}
+	}
+	return false
+}
+
+// waitSlot takes a disruption-budget slot, waiting (with the condition
+// WaitingForDisruptionBudget) while all are taken.
+func (e *Engine) waitSlot(ctx context.Context, a *active) error {
+	d := a.ev.Spec.Disruption
+	h := apiclient.LeaseHolder{Identity: e.cfg.Identity, Event: a.name, EventUID: a.uid, Duration: e.cfg.LeaseDuration}
+	waiting := false
+	for {
+		slot, err := e.cfg.API.AcquireSlot(ctx, d.Group, int(d.MaxConcurrent), h, e.cfg.Clock.Now())
+		if err == nil {
+			a.slot = slot
+			if err := e.snapshot(a, journal.EventRunning); err != nil {
+				return err
+			}
+			setCond(&a.status, v1alpha1.ConditionWaitingForDisruptionBudget, metav1.ConditionFalse, "SlotHeld", "holding "+slot, e.cfg.Clock.Now())
+			e.pushStatus(a)
+			return nil
+		}
+		if !waiting {
+			waiting = true
+			msg := fmt.Sprintf("waiting for one of %d disruption slots of group %s", d.MaxConcurrent, d.Group)
+			setCond(&a.status, v1alpha1.ConditionWaitingForDisruptionBudget, metav1.ConditionTrue, "AllSlotsTaken", msg, e.cfg.Clock.Now())
+			a.status.Message = msg
+			e.pushStatus(a)
+			e.setState(fmt.Sprintf("event %s: waiting for a disruption slot (%s)", a.name, d.Group))
+		}
+		if err := e.gate(ctx, a); err != nil {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-e.cfg.Clock.After(2 * time.Second):
+		}
+	}
+}
+
+// renewLoop renews the node Lease and the slot while the event runs.
+func (e *Engine) renewLoop(ctx context.Context, a *active) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-e.cfg.Clock.After(e.cfg.LeaseDuration / 3):
+		}
+		now := e.cfg.Clock.Now()
+		h := apiclient.LeaseHolder{Identity: e.cfg.Identity, Event: a.name, EventUID: a.uid, Duration: e.cfg.LeaseDuration}
+		if err := e.cfg.API.AcquireNodeLease(ctx, h, now); err != nil {
+			e.log.Warn("renewing the node lease failed", "event", a.name, "err", err)
+		}
+		if a.slot != "" && a.ev.Spec.Disruption != nil {
+			if _, err := e.cfg.API.AcquireSlot(ctx, a.ev.Spec.Disruption.Group, int(a.ev.Spec.Disruption.MaxConcurrent), h, now); err != nil {
+				e.log.Warn("renewing the disruption slot failed", "event", a.name, "err", err)
+			}
+		}
+	}
+}
+
+func (e *Engine) recordEvent(a *active, typ, reason, msg string) {
+	ev := a.ev
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := e.cfg.API.RecordEvent(ctx, ev, typ, reason, msg, e.cfg.Clock.Now()); err != nil {
+			e.log.Debug("kubernetes event not recorded", "event", a.name, "err", err)
+		}
+	}()
+}
+
+func ptrTime(t time.Time) *metav1.Time { m := metav1.NewTime(t); return &m }
+
+func truncate(s string) string {
+	if len(s) > 1024 {
+		return s[:1021] + "..."
+	}
+	return s
+}
+
+// ---- outbox ----
+
+type nodePayload struct {
+	Conditions []apiclient.NodeCondition `json:"conditions"`
+}
+
+func (e *Engine) pushStatus(a *active) {
+	raw, _ := json.Marshal(a.status)
+	if _, err := e.cfg.Journal.OutboxPush(journal.OutboxEntry{UID: a.uid, Kind: journal.OutboxEventStatus, Payload: raw}); err != nil {
+		e.log.Error("outbox push", "event", a.name, "err", err)
+	}
+	poke(e.flushWake)
+}
+
+func (e *Engine) pushNode(a *active, reason string, status corev1.ConditionStatus, done bool) {
+	drains := false
+	for _, s := range a.steps {
+		if s.Name == "evict" {
+			drains = true
+		}
+	}
+	conds := nodeConditions(a.tn, a.name, reason, status, a.driver.Name(), drains, done)
+	raw, _ := json.Marshal(nodePayload{Conditions: conds})
+	if _, err := e.cfg.Journal.OutboxPush(journal.OutboxEntry{UID: a.uid, Kind: journal.OutboxNodeCondition, Payload: raw}); err != nil {
+		e.log.Error("outbox push", "event", a.name, "err", err)
+	}
+	poke(e.flushWake)
+}
+
+// flushLoop delivers the outbox in order while the API server answers.
+func (e *Engine) flushLoop(ctx context.Context) {
+	fails := 0
+	for ctx.Err() == nil {
+		pending, err := e.cfg.Journal.OutboxPending()
+		e.cfg.Metrics.OutboxDepth.Set(float64(len(pending)))
+		if err == nil && len(pending) > 0 {
+			if err := e.deliver(ctx, pending[0]); err != nil {
+				fails++
+				e.log.Debug("outbox delivery failed; will retry", "seq", pending[0].Seq, "err", err)
+				if !e.sleep(ctx, backoff(fails)) {
+					return
+				}
+				continue
+			}
+			fails = 0
+			_ = e.cfg.Journal.OutboxAck(pending[0].Seq)
+			continue
+		}
+		select {
+		case <-ctx.Done():
+		case <-e.flushWake:
+		case <-e.cfg.Clock.After(5 * time.Second):
+		}
+	}
+}
+
+func (e *Engine) deliver(ctx context.Context, en journal.OutboxEntry) error {
+	switch en.Kind {
+	case journal.OutboxNodeCondition:
+		var p nodePayload
+		if err := json.Unmarshal(en.Payload, &p); err != nil {
+			return nil // undecodable: drop it rather than block the outbox
+		}
+		return e.cfg.API.SetNodeConditions(ctx, e.cfg.Clock.Now(), p.Conditions...)
+	case journal.OutboxEventStatus:
+		var st v1alpha1.LifecycleEventStatus
+		if err := json.Unmarshal(en.Payload, &st); err != nil {
+			return nil
+		}
+		for i := 0; i < 5; i++ {
+			ev, err := e.eventByUID(ctx, en.UID)
+			if err != nil {
+				return err
+			}
+			if ev == nil {
+				return nil // gone: nothing to write
+			}
+			ev.Status = st
+			// gofail: var engineBeforeStatusWrite struct{}
+			_, err = e.cfg.API.UpdateEventStatus(ctx, ev)
+			if err == nil {
+				// gofail: var engineAfterStatusWrite struct{}
+				return nil
+			}
+			if !isConflict(err) {
+				return err
+			}
+		}
+		return fmt.Errorf("status of %s: too many conflicts", en.UID)
+	}
+	return nil
+}
+
+// eventByUID reads the event the outbox entry is about, by the name the
+// journal recorded; nil if it is gone or was replaced.
+func (e *Engine) eventByUID(ctx context.Context, uid string) (*v1alpha1.LifecycleEvent, error) {
+	rec, ok, err := e.cfg.Journal.Event(uid)
+	name := ""
+	if err == nil && ok {
+		name = rec.Name
+	}
+	if name == "" {
+		e.mu.Lock()
+		if e.current != nil && e.current.uid == uid {
+			name = e.current.name
+		}
+		e.mu.Unlock()
+	}
+	if name == "" {
+		return nil, nil
+	}
+	ev, err := e.cfg.API.GetEvent(ctx, name)
+	if isNotFound(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	if string(ev.UID) != uid {
+		return nil, nil
+	}
+	return ev, nil
+}

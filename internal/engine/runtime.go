@@ -1,0 +1,60 @@
+package engine
+
+import (
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+
+	"github.com/lifecycle-agent/lifecycle-agent/internal/drivers"
+	"github.com/lifecycle-agent/lifecycle-agent/internal/journal"
+)
+
+func isConflict(err error) bool { return apierrors.IsConflict(err) }
+func isNotFound(err error) bool { return apierrors.IsNotFound(err) }
+
+// runtime is what a step sees of the engine.
+type runtime struct {
+	e *Engine
+	a *active
+}
+
+func (r *runtime) EventName() string         { return r.a.name }
+func (r *runtime) Node() string              { return r.e.cfg.Node }
+func (r *runtime) BootID() string            { return r.e.cfg.Host.BootID() }
+func (r *runtime) Host() drivers.HostOps     { return r.e.cfg.Host }
+func (r *runtime) Params() map[string]string { return r.a.ev.Spec.Parameters }
+func (r *runtime) API() drivers.NodeAPI      { return r.e.cfg.API }
+func (r *runtime) Progress(msg string) {
+	r.a.status.Message = truncate(msg)
+	r.e.pushStatus(r.a)
+	r.e.log.Info("progress", "event", r.a.name, "step", r.a.status.CurrentStep, "message", msg)
+}
+
+func change(r *runtime, c drivers.Change) journal.Change {
+	kind := journal.ChangeCordon
+	if c.Kind == "annotation" {
+		kind = journal.ChangeAnnotation
+	}
+	return journal.Change{Kind: kind, Node: c.Key, EventUID: r.a.uid, Value: r.a.name}
+}
+
+func (r *runtime) Own(c drivers.Change) error {
+	_, err := r.e.cfg.Journal.AddOwned(change(r, c))
+	return err
+}
+
+func (r *runtime) Disown(c drivers.Change) error {
+	return r.e.cfg.Journal.RemoveOwned(change(r, c).Key())
+}
+
+func (r *runtime) Owns(c drivers.Change) bool {
+	owned, err := r.e.cfg.Journal.Owned()
+	if err != nil {
+		return false
+	}
+	key := change(r, c).Key()
+	for _, o := range owned {
+		if o.Key() == key && o.EventUID == r.a.uid {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,168 @@
+package engine
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/lifecycle-agent/lifecycle-agent/api/v1alpha1"
+	"github.com/lifecycle-agent/lifecycle-agent/internal/apiclient"
+	"github.com/lifecycle-agent/lifecycle-agent/internal/journal"
+)
+
+// The shutdown driver is not claimed: logind's PrepareForShutdown(true)
+// starts it. It is journaled as a local event whose UID names the boot it
+// began in, so that the next boot can tell it apart and close it out.
+const (
+	ShutdownDriver = "lifecycle-agent.x-k8s.io/shutdown"
+	shutdownStart  = "ShuttingDown"
+	shutdownEnd    = "ShutdownComplete"
+	shutdownOwner  = "shutdown"
+)
+
+func (e *Engine) shutdownUID(bootID string) string { return "local-shutdown-" + bootID }
+
+func (e *Engine) shutdownConditions(reason string, status corev1.ConditionStatus, inProgress corev1.ConditionStatus, msg string) []apiclient.NodeCondition {
+	return []apiclient.NodeCondition{
+		{Type: v1alpha1.NodeConditionLifecycleTransition, Status: status, Reason: reason, Message: msg},
+		{Type: v1alpha1.NodeConditionGracefulNodeShutdownInProgress, Status: inProgress, Reason: reason, Message: msg},
+	}
+}
+
+// PrepareShutdown runs the shutdown driver's steps within ctx's deadline
+// (the shutdown budget): (1) journal the local event and its intent; (2)
+// queue and try to post GracefulNodeShutdownInProgress=True and
+// LifecycleTransition reason ShuttingDown; (3) cordon, recorded as ours. It
+// returns once the journal is committed and the API was tried; the caller
+// then releases the delay lock. The journal is written, and the function
+// returns, even when the API server is unreachable.
+func (e *Engine) PrepareShutdown(ctx context.Context) error {
+	boot := e.cfg.Host.BootID()
+	uid := e.shutdownUID(boot)
+	name := fmt.Sprintf("shutdown-%s-%s", e.cfg.Node, short(boot))
+	if err := e.cfg.Journal.PutEvent(journal.EventRecord{UID: uid, Name: name, Driver: ShutdownDriver, State: journal.EventRunning,
+		Attrs: map[string]string{"bootID": boot, "local": "true"}}); err != nil {
+		return fmt.Errorf("engine: journal shutdown: %w", err)
+	}
+	if _, err := e.cfg.Journal.AppendStep(uid, journal.StepRecord{Step: "shutdown", Phase: journal.PhaseIntent,
+		State: journal.StepRunning, Attempt: 1, BootID: boot}); err != nil {
+		return fmt.Errorf("engine: journal shutdown intent: %w", err)
+	}
+	// Own the cordon before making it (a crash in between is undone too).
+	if _, err := e.cfg.Journal.AddOwned(journal.Change{Kind: journal.ChangeCordon, Node: e.cfg.Node, Name: shutdownOwner, EventUID: uid, Value: shutdownOwner}); err != nil {
+		return fmt.Errorf("engine: journal shutdown cordon: %w", err)
+	}
+	e.setState("shutting down", "event", name)
+	msg := fmt.Sprintf("Lifecycle Transition 'shutdown' (event %s): the node is shutting down", name)
+	conds := e.shutdownConditions(shutdownStart, corev1.ConditionTrue, corev1.ConditionTrue, msg)
+	raw, _ := json.Marshal(nodePayload{Conditions: conds})
+	if _, err := e.cfg.Journal.OutboxPush(journal.OutboxEntry{UID: uid, Kind: journal.OutboxNodeCondition, Payload: raw}); err != nil {
+		e.log.Error("outbox push", "event", name, "err", err)
+	}
+	// Best effort within the budget: post the conditions and cordon now.
+	if err := e.cfg.API.SetNodeConditions(ctx, e.cfg.Clock.Now(), conds...); err != nil {
+		e.log.Warn("shutdown: Node conditions not posted (queued in the outbox)", "event", name, "err", err)
+	}
+	ours, err := e.cfg.API.Cordon(ctx, shutdownOwner)
+	switch {
+	case err != nil:
+		e.log.Warn("shutdown: cordon failed; the journal keeps the intent", "event", name, "err", err)
+	case !ours:
+		_ = e.cfg.Journal.RemoveOwned(journal.Change{Kind: journal.ChangeCordon, Node: e.cfg.Node, Name: shutdownOwner}.Key())
+	}
+	e.log.Info("shutdown prepared", "event", name, "cordoned", err == nil && ours)
+	return nil
+}
+
+// CancelShutdown reverts PrepareShutdown after PrepareForShutdown(false):
+// uncordon ours, clear the conditions, and close the local event.
+func (e *Engine) CancelShutdown(ctx context.Context) error {
+	uid := e.shutdownUID(e.cfg.Host.BootID())
+	rec, ok, err := e.cfg.Journal.Event(uid)
+	if err != nil || !ok {
+		return err
+	}
+	return e.closeShutdown(ctx, rec, "ShutdownCancelled", journal.OutcomeCancelled, "the shutdown was cancelled")
+}
+
+// closeOutShutdowns runs at start: a shutdown journaled in an earlier boot
+// is closed out (ShutdownComplete, uncordon ours). Until the API answers,
+// the node stays cordoned and the condition says why (kubelet amnesia,
+// kubernetes#122674: the kubelet keeps no such state across boots).
+func (e *Engine) closeOutShutdowns(ctx context.Context) {
+	recs, err := e.cfg.Journal.Events()
+	if err != nil {
+		return
+	}
+	boot := e.cfg.Host.BootID()
+	for _, r := range recs {
+		if r.Driver != ShutdownDriver {
+			continue
+		}
+		if r.Attrs["bootID"] == boot {
+			// Same boot: the shutdown did not happen (or the agent restarted
+			// during it). Keep it until logind says otherwise.
+			continue
+		}
+		msg := fmt.Sprintf("Lifecycle Transition 'shutdown' (event %s): node restarted after a shutdown; kept cordoned until lifecycle-agent closes it out", r.Name)
+		_ = e.cfg.API.SetNodeConditions(ctx, e.cfg.Clock.Now(), e.shutdownConditions(shutdownStart, corev1.ConditionTrue, corev1.ConditionFalse, msg)...)
+		for ctx.Err() == nil {
+			if err := e.closeShutdown(ctx, r, shutdownEnd, journal.OutcomeSucceeded, "shutdown complete; node back"); err == nil {
+				break
+			} else {
+				e.log.Warn("closing out the last shutdown failed; retrying", "event", r.Name, "err", err)
+			}
+			if !e.sleep(ctx, 2*time.Second) {
+				return
+			}
+		}
+	}
+}
+
+func (e *Engine) closeShutdown(ctx context.Context, r journal.EventRecord, reason string, outcome journal.Outcome, word string) error {
+	msg := fmt.Sprintf("Lifecycle Transition 'shutdown' (event %s): %s", r.Name, word)
+	owned := false
+	if cs, err := e.cfg.Journal.Owned(); err == nil {
+		for _, c := range cs {
+			if c.Kind == journal.ChangeCordon && c.EventUID == r.UID {
+				owned = true
+			}
+		}
+	}
+	if owned {
+		if _, err := e.cfg.API.Uncordon(ctx, shutdownOwner, false); err != nil && !isCordonNotOurs(err) {
+			return err
+		}
+		_ = e.cfg.Journal.RemoveOwned(journal.Change{Kind: journal.ChangeCordon, Node: e.cfg.Node, Name: shutdownOwner}.Key())
+	}
+	conds := e.shutdownConditions(reason, corev1.ConditionFalse, corev1.ConditionFalse, msg)
+	// Through the outbox too: it supersedes a ShuttingDown entry still queued
+	// from before the shutdown, so that can never be delivered after this.
+	raw, _ := json.Marshal(nodePayload{Conditions: conds})
+	if _, err := e.cfg.Journal.OutboxPush(journal.OutboxEntry{UID: r.UID, Kind: journal.OutboxNodeCondition, Payload: raw}); err != nil {
+		return err
+	}
+	if err := e.cfg.API.SetNodeConditions(ctx, e.cfg.Clock.Now(), conds...); err != nil {
+		return err
+	}
+	if _, err := e.cfg.Journal.AppendStep(r.UID, journal.StepRecord{Step: "shutdown", Phase: journal.PhaseDone, State: journal.StepDone,
+		Attempt: 1, BootID: e.cfg.Host.BootID(), Message: word}); err != nil {
+		return err
+	}
+	e.log.Info("shutdown closed out", "event", r.Name, "reason", reason)
+	return e.cfg.Journal.FinishEvent(r.UID, outcome, word)
+}
+
+func isCordonNotOurs(err error) bool {
+	return err != nil && errorsIs(err, apiclient.ErrCordonNotOurs)
+}
+
+func short(s string) string {
+	if len(s) > 8 {
+		return s[:8]
+	}
+	return s
+}

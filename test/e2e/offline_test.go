@@ -1,0 +1,108 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/lifecycle-agent/lifecycle-agent/api/v1alpha1"
+	"github.com/lifecycle-agent/lifecycle-agent/internal/drivers"
+	"github.com/lifecycle-agent/lifecycle-agent/internal/journal"
+)
+
+// While the API server is down, steps that need no API go on and status
+// waits in the outbox; when it returns, everything is delivered in order and
+// the newest state wins.
+func TestOfflineStepsAndOutbox(t *testing.T) {
+	node := "offline-node"
+	newNode(t, node)
+	g := newGateDriver("offline", false, "one", "two", "three")
+	a := startAgent(t, node, agentOpts{retention: time.Hour, extra: []drivers.Driver{g}})
+	waitFor(t, "transitions", 30*time.Second, func() bool {
+		_, err := clients(t, env.AdminConfig()).Transitions.Get(context.Background(), transitionName(node, "offline"), metav1.GetOptions{})
+		return err == nil
+	})
+	createEvent(t, "offline-1", node, transitionName(node, "offline"), nil, nil)
+	lc := clients(t, env.AdminConfig())
+	waitFor(t, "step one running", 30*time.Second, func() bool {
+		ev, err := lc.Events.Get(context.Background(), "offline-1", metav1.GetOptions{})
+		return err == nil && ev.Status.CurrentStep == "one"
+	})
+
+	restart, err := env.StopProcess("kube-apiserver")
+	if err != nil {
+		t.Fatal(err)
+	}
+	apiDown := true
+	defer func() {
+		if apiDown {
+			_ = restart(context.Background())
+		}
+	}()
+	for _, s := range []string{"one", "two", "three"} {
+		g.open(s)
+		select {
+		case got := <-g.ran:
+			if got != s {
+				t.Fatalf("ran %s, want %s", got, s)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatalf("step %s did not run while the API server was down", s)
+		}
+	}
+	// The end state waits in the outbox until the server is back.
+	waitFor(t, "the agent to queue its end state", 30*time.Second, func() bool {
+		return containsAll(a.logBuf.String(), "finishing (Succeeded)")
+	})
+	if err := restart(context.Background()); err != nil {
+		t.Fatalf("restarting kube-apiserver: %v", err)
+	}
+	apiDown = false
+	ev := waitEvent(t, "offline-1", 2*time.Minute)
+	if ev.Status.ClaimStatus != v1alpha1.LifecycleEventSucceeded {
+		t.Fatalf("got %s: %s", ev.Status.ClaimStatus, ev.Status.Message)
+	}
+	if got := stepStates(ev); got != "one=Done,two=Done,three=Done" {
+		t.Fatalf("steps = %s; the newest state must win", got)
+	}
+	for _, s := range ev.Status.Steps {
+		if s.FinishTime == nil || s.StartTime == nil {
+			t.Fatalf("step %s lacks times: %+v", s.Name, s)
+		}
+	}
+	a.stop(t)
+	doc := exportJournal(t, a.Journal)
+	if len(doc.Outbox) != 0 {
+		t.Fatalf("outbox not empty after delivery: %+v", doc.Outbox)
+	}
+	if len(doc.History) != 1 || doc.History[0].Event.Name != "offline-1" || doc.History[0].Outcome != journal.OutcomeSucceeded {
+		t.Fatalf("journal history = %+v", doc.History)
+	}
+}
+
+func containsAll(s string, subs ...string) bool {
+	for _, x := range subs {
+		if !strings.Contains(s, x) {
+			return false
+		}
+	}
+	return true
+}
+
+func exportJournal(t *testing.T, path string) journal.ExportDoc {
+	t.Helper()
+	var b bytes.Buffer
+	if err := journal.Export(path, &b); err != nil {
+		t.Fatal(err)
+	}
+	var doc journal.ExportDoc
+	if err := json.Unmarshal(b.Bytes(), &doc); err != nil {
+		t.Fatal(err)
+	}
+	return doc
+}
