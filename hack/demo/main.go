@@ -180,7 +180,7 @@ func indent(s string) string {
 
 func writeConfig(dir string) string {
 	p := filepath.Join(dir, "config.yaml")
-	_ = os.WriteFile(p, []byte("# demo: events are kept for a day (eventRetention), host actions simulated\nlogLevel: info\n"), 0o600)
+	_ = os.WriteFile(p, []byte("# demo: host actions simulated; retry PDB-refused evictions every second\nlogLevel: info\ndrain:\n  evictRetryDelay: 1s\n"), 0o600)
 	return p
 }
 
@@ -256,7 +256,12 @@ func follow(ctx context.Context, lc *apiclient.LifecycleClients, name string) (*
 					seen[k] = true
 					took := ""
 					if s.StartTime != nil && s.FinishTime != nil {
-						took = fmt.Sprintf(" in %dms", s.FinishTime.Sub(s.StartTime.Time).Milliseconds())
+						// status times have one-second resolution
+						if d := s.FinishTime.Sub(s.StartTime.Time); d < time.Second {
+							took = " in <1s"
+						} else {
+							took = fmt.Sprintf(" in %s", d)
+						}
 					}
 					say("  %s: step %-10s %s%s", name, s.Name, s.State, took)
 				}
