@@ -189,10 +189,10 @@ func AgentPermissions(node string) []Permission {
 	bound := BindingNodeSelector(node).FieldSelector
 	add(Permission{Group: lc, Resource: "lifecycleevents"}, "get")
 	add(Permission{Group: lc, Resource: "lifecycleevents", FieldSelector: bound}, "list", "watch")
-	add(Permission{Group: lc, Resource: "lifecycleevents"}, "update", "patch")
+	add(Permission{Group: lc, Resource: "lifecycleevents"}, "update", "patch", "delete") // delete: eventRetention
 	add(Permission{Group: lc, Resource: "lifecycleevents", Subresource: "status"}, "update")
-	add(Permission{Group: lc, Resource: "lifecycletransitions"}, "create", "delete", "list")
-	add(Permission{Group: "coordination.k8s.io", Resource: "leases", Namespace: v1alpha1.SystemNamespace}, "get", "create", "update")
+	add(Permission{Group: lc, Resource: "lifecycletransitions"}, "get", "create", "delete", "list")
+	add(Permission{Group: lc, Resource: "lifecycleleases", Namespace: v1alpha1.SystemNamespace}, "get", "create", "update")
 	add(Permission{Resource: "nodes", Name: node}, "get", "patch")
 	add(Permission{Resource: "nodes", Subresource: "status", Name: node}, "patch")
 	add(Permission{Resource: "pods", FieldSelector: "spec.nodeName=" + node}, "list")
@@ -257,23 +257,26 @@ func (d *Doctor) access(ctx context.Context, p Permission) (Access, error) {
 // CRD is what ProbeCRDs found about one of the lifecycle kinds.
 type CRD struct {
 	Resource  string // plural, e.g. lifecycleevents
+	Namespace string // where it is listed: "" for cluster-scoped kinds
 	Installed bool
 	// Via is how it was seen: "list" (a list with limit=1 worked) or
 	// "discovery" (the identity may not list it, but the server serves it).
 	Via string
 }
 
-// ProbeCRDs tells whether the server serves both lifecycle kinds. A node
-// identity may not read CRDs, so it lists each kind with limit=1 (404 when
-// its CRD is missing or not yet established) and, where the list is
-// forbidden, looks the kind up in the group's discovery document, which
-// every authenticated user may read.
+// ProbeCRDs tells whether the server serves every lifecycle kind (events,
+// transitions and, in lifecycle-system, leases). A node identity may not
+// read CRDs, so it lists each kind with limit=1 (404 when its CRD is missing
+// or not yet established) and, where the list is forbidden, looks the kind
+// up in the group's discovery document, which every authenticated user may
+// read.
 func (d *Doctor) ProbeCRDs(ctx context.Context) ([]CRD, error) {
 	rc := d.lc.REST
-	out := []CRD{{Resource: "lifecycleevents"}, {Resource: "lifecycletransitions"}}
+	out := []CRD{{Resource: "lifecycleevents"}, {Resource: "lifecycletransitions"},
+		{Resource: "lifecycleleases", Namespace: v1alpha1.SystemNamespace}}
 	var forbidden bool
 	for i := range out {
-		err := rc.Get().Resource(out[i].Resource).Param("limit", "1").Do(ctx).Error()
+		err := rc.Get().Namespace(out[i].Namespace).Resource(out[i].Resource).Param("limit", "1").Do(ctx).Error()
 		switch {
 		case err == nil:
 			out[i].Installed, out[i].Via = true, "list"

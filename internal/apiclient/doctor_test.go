@@ -44,8 +44,8 @@ func TestIdentityNodeName(t *testing.T) {
 
 func TestAgentPermissions(t *testing.T) {
 	ps := AgentPermissions("node-a")
-	if len(ps) != 19 {
-		t.Errorf("%d permissions, want 19", len(ps))
+	if len(ps) != 21 {
+		t.Errorf("%d permissions, want 21", len(ps))
 	}
 	seen := map[string]bool{}
 	for _, p := range ps {
@@ -204,7 +204,8 @@ func TestProbeCRDsDiscovery(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []CRD{{Resource: "lifecycleevents", Installed: true, Via: "discovery"}, {Resource: "lifecycletransitions", Via: "discovery"}}
+	want := []CRD{{Resource: "lifecycleevents", Installed: true, Via: "discovery"}, {Resource: "lifecycletransitions", Via: "discovery"},
+		{Resource: "lifecycleleases", Namespace: "lifecycle-system", Via: "discovery"}}
 	if fmt.Sprint(crds) != fmt.Sprint(want) {
 		t.Errorf("got %+v, want %+v", crds, want)
 	}

@@ -1,0 +1,211 @@
+package main
+
+import (
+	"math"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/lifecycle-agent/lifecycle-agent/internal/apiclient"
+	"github.com/lifecycle-agent/lifecycle-agent/internal/config"
+	"github.com/lifecycle-agent/lifecycle-agent/internal/host/logindtest"
+)
+
+func TestDoctorClock(t *testing.T) {
+	tests := []struct {
+		name   string
+		offset time.Duration
+		want   string
+	}{
+		{name: "in step", offset: 300 * time.Millisecond, want: "✓ clock: within 1s of the API server's (limit 5s)"},
+		{name: "a little behind", offset: 3 * time.Second, want: "✓ clock: 3s behind the API server's (limit 5s)"},
+		{name: "at the limit", offset: -5 * time.Second, want: "✓ clock: 5s ahead of the API server's (limit 5s)"},
+		{
+			name: "far ahead", offset: -42 * time.Second,
+			want: "✗ clock: 42s ahead of the API server's (limit 5s) — fix: sync the clock: timedatectl set-ntp true (chrony or systemd-timesyncd), and check the API server's clock",
+		},
+		{
+			name: "just behind the limit", offset: 5*time.Second + 600*time.Millisecond,
+			want: "✗ clock: 6s behind the API server's (limit 5s) — fix: sync the clock: timedatectl set-ntp true (chrony or systemd-timesyncd), and check the API server's clock",
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := doctorClock(tt.offset).String(); got != tt.want {
+				t.Errorf("\n got %s\nwant %s", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestDoctorLogindDelay(t *testing.T) {
+	const dropIn = "/etc/systemd/logind.conf.d/99-lifecycle-agent.conf"
+	tests := []struct {
+		name  string
+		delay time.Duration
+		sh    config.Shutdown
+		want  string
+	}{
+		{name: "above budget", delay: 30 * time.Second, sh: config.Shutdown{Budget: 5 * time.Second}, want: "✓ logind: InhibitDelayMaxSec 30s ≥ shutdown budget 5s"},
+		{name: "equal", delay: 5 * time.Second, sh: config.Shutdown{Budget: 5 * time.Second}, want: "✓ logind: InhibitDelayMaxSec 5s ≥ shutdown budget 5s"},
+		{name: "infinite", delay: time.Duration(math.MaxInt64), sh: config.Shutdown{Budget: 5 * time.Second}, want: "✓ logind: InhibitDelayMaxSec infinity ≥ shutdown budget 5s"},
+		{
+			name: "below budget", delay: 2 * time.Second, sh: config.Shutdown{Budget: 5 * time.Second},
+			want: "✗ logind: InhibitDelayMaxSec 2s is below the shutdown budget 5s — fix: set shutdown.manageLogindDropIn: true or raise InhibitDelayMaxSec in /etc/systemd/logind.conf.d/",
+		},
+		{
+			name: "below budget with the drop-in managed", delay: 2 * time.Second, sh: config.Shutdown{Budget: 10 * time.Second, ManageLogindDropIn: true},
+			want: "✗ logind: InhibitDelayMaxSec 2s is below the shutdown budget 10s — fix: restart the agent, which writes " + dropIn + " and reloads logind, or raise InhibitDelayMaxSec in /etc/systemd/logind.conf.d/",
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := doctorLogindDelay(tt.delay, tt.sh, dropIn).String(); got != tt.want {
+				t.Errorf("\n got %s\nwant %s", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestDoctorRBAC(t *testing.T) {
+	perms := apiclient.AgentPermissions("node-a")
+	all := func(allowed func(apiclient.Permission) bool) []apiclient.Access {
+		var acc []apiclient.Access
+		for _, p := range perms {
+			acc = append(acc, apiclient.Access{Permission: p, Allowed: allowed(p)})
+		}
+		return acc
+	}
+	tests := []struct {
+		name string
+		acc  []apiclient.Access
+		want string
+	}{
+		{name: "all granted", acc: all(func(apiclient.Permission) bool { return true }), want: "✓ rbac: all 21 permissions the agent needs are granted"},
+		{
+			name: "no lease role and no status",
+			acc: all(func(p apiclient.Permission) bool {
+				return p.Resource != "lifecycleleases" && p.ResourcePath() != "lifecycleevents/status"
+			}),
+			want: "✗ rbac: missing lifecycleevents/status update, lifecycleleases get/create/update in lifecycle-system — fix: kubectl apply -f <(lifecycle-agent manifests)",
+		},
+		{
+			name: "only leases create",
+			acc:  all(func(p apiclient.Permission) bool { return p.Resource != "lifecycleleases" || p.Verb != "create" }),
+			want: "✗ rbac: missing lifecycleleases create in lifecycle-system — fix: kubectl apply -f <(lifecycle-agent manifests)",
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := doctorRBAC(tt.acc).String(); got != tt.want {
+				t.Errorf("\n got %s\nwant %s", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestDoctorIdentity(t *testing.T) {
+	cfg := &config.Config{NodeName: "node-a"}
+	tests := []struct {
+		name string
+		id   apiclient.Identity
+		want string
+	}{
+		{
+			name: "this node", id: apiclient.Identity{Username: "system:node:node-a", Groups: []string{"system:nodes", "system:authenticated"}},
+			want: "✓ identity: system:node:node-a (groups system:nodes, system:authenticated)",
+		},
+		{
+			name: "another node", id: apiclient.Identity{Username: "system:node:node-b", Groups: []string{"system:nodes"}},
+			want: "✗ identity: system:node:node-b (groups system:nodes), but nodeName is node-a — fix: use this node's kubelet kubeconfig, or set nodeName: node-b (--node-name) if this host is node-b",
+		},
+		{
+			name: "node name without the group", id: apiclient.Identity{Username: "system:node:node-a", Groups: []string{"system:authenticated"}},
+			want: "✗ identity: system:node:node-a (groups system:authenticated) is not system:node:node-a in group system:nodes — fix: use the kubelet's kubeconfig or set kubeconfig",
+		},
+		{
+			name: "a user", id: apiclient.Identity{Username: "alice", Groups: []string{"system:authenticated"}},
+			want: "✗ identity: alice (groups system:authenticated) is not system:node:node-a in group system:nodes — fix: use the kubelet's kubeconfig or set kubeconfig",
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := doctorIdentity(tt.id, cfg).String(); got != tt.want {
+				t.Errorf("\n got %s\nwant %s", got, tt.want)
+			}
+		})
+	}
+}
+
+// TestDoctorOffline runs the real binary on this host without an API server:
+// the checks that need none still give their verdicts, and the API check
+// fails with a fix.
+func TestDoctorOffline(t *testing.T) {
+	dir := t.TempDir()
+	garbage := filepath.Join(dir, "garbage.db")
+	if err := os.WriteFile(garbage, []byte(strings.Repeat("not a journal\n", 512)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	noBus := "DBUS_SYSTEM_BUS_ADDRESS=unix:path=" + filepath.Join(dir, "no-bus")
+	kubeconfig := filepath.Join(dir, "absent.kubeconfig")
+	apiLine := "✗ api: kubeconfig " + kubeconfig + ": stat " + kubeconfig + ": no such file or directory " +
+		"(identity, rbac, crds, admission and clock not checked) — fix: set kubeconfig (--kubeconfig or LIFECYCLE_AGENT_KUBECONFIG) to the kubelet's kubeconfig"
+	q := regexp.QuoteMeta
+	tests := []struct {
+		name   string
+		env    []string
+		want   []string // regexps of the lines, in order
+		stderr string
+	}{
+		{
+			name: "no logind and no journal yet",
+			env:  []string{noBus, "LIFECYCLE_AGENT_JOURNAL_PATH=" + filepath.Join(dir, "absent.db")},
+			want: []string{
+				q("✓ config: ") + ".*config.yaml" + q(" (node smoke-node)"),
+				q("✓ journal: " + filepath.Join(dir, "absent.db") + " not created yet (the agent creates it at start)"),
+				q(apiLine),
+				q("✗ logind: no logind: host: read InhibitDelayMaxUSec: ") + ".*no such file or directory" +
+					q(" — fix: the agent needs systemd-logind on the system bus: systemctl status dbus systemd-logind"),
+				`✓ nvml: .*`,
+			},
+			stderr: "lifecycle-agent: doctor: 2 of 5 checks failed",
+		},
+		{
+			name: "garbage journal and logind below budget",
+			env: []string{"LIFECYCLE_AGENT_JOURNAL_PATH=" + garbage,
+				"DBUS_SYSTEM_BUS_ADDRESS=" + logindtest.Start(t, logindtest.Options{InhibitDelayMax: 3 * time.Second}).Address()},
+			want: []string{
+				q("✓ config: ") + ".*",
+				q("✗ journal: journal: corrupt: "+garbage+": ") + ".+" +
+					q(" — fix: restart the agent (systemctl restart lifecycle-agent): it moves the corrupt file aside and rebuilds from the API server"),
+				q(apiLine),
+				q("✗ logind: InhibitDelayMaxSec 3s is below the shutdown budget 5s — fix: set shutdown.manageLogindDropIn: true or raise InhibitDelayMaxSec in /etc/systemd/logind.conf.d/"),
+				`✓ nvml: .*`,
+			},
+			stderr: "lifecycle-agent: doctor: 3 of 5 checks failed",
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := agent(t, append(tt.env, "LIFECYCLE_AGENT_KUBECONFIG="+kubeconfig), "doctor")
+			if r.code != 1 {
+				t.Errorf("exit code %d, want 1", r.code)
+			}
+			if r.stderr != tt.stderr+"\n" {
+				t.Errorf("stderr %q, want %q", r.stderr, tt.stderr+"\n")
+			}
+			lines := strings.Split(strings.TrimSuffix(r.stdout, "\n"), "\n")
+			if len(lines) != len(tt.want) {
+				t.Fatalf("%d lines, want %d:\n%s", len(lines), len(tt.want), r.stdout)
+			}
+			for i, re := range tt.want {
+				if !regexp.MustCompile("^" + re + "$").MatchString(lines[i]) {
+					t.Errorf("line %d:\n got %s\nwant %s", i+1, lines[i], re)
+				}
+			}
+		})
+	}
+}
