@@ -1,0 +1,601 @@
+package main
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"maps"
+	"regexp"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+
+	"github.com/lifecycle-agent/lifecycle-agent/api/v1alpha1"
+)
+
+// labelRollout on an event names the rollout (its disruption group) that
+// created it; re-running the same rollout finds its events by it.
+const labelRollout = "lifecycle.x-k8s.io/rollout"
+
+// maxGroupLen is spec.disruption.group's limit (slot Leases are <group>-<i>).
+const maxGroupLen = 56
+
+var groupRE = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
+
+type rolloutOptions struct {
+	selector      string
+	maxConcurrent int
+	maxFailures   int
+	wait          bool
+	timeout       time.Duration
+	group         string
+	params        []string
+	retryFailed   bool
+}
+
+func newRolloutCmd(o *options) *cobra.Command {
+	r := &rolloutOptions{}
+	var cmd *cobra.Command
+	cmd = &cobra.Command{
+		Use:   "rollout DRIVER (-l SELECTOR | NODE...)",
+		Short: "Run a driver's transition on many nodes, at most N at a time",
+		Long: `Run DRIVER on every selected node under a disruption budget.
+
+Each node gets one LifecycleEvent named rollout-<group>-<node>-<driver>,
+labelled lifecycle.x-k8s.io/rollout=<group>, with spec.disruption
+{group, maxConcurrent}: the agents take one of the Leases <group>-0 …
+<group>-(N-1) in lifecycle-system before their first disruptive step, so
+the budget holds even if this command dies.
+
+With --wait the command also orders the rollout: it keeps at most
+--max-concurrent of the rollout's events unfinished at a time (nodes in
+name order), creates the next when one ends, stops creating once
+--max-failures nodes have failed, waits for the running ones, and prints a
+summary line whenever it changes. Without --wait it creates every event at
+once and returns; the agents' slots still enforce --max-concurrent.
+
+Re-running the same command resumes: the event names are deterministic, so
+existing events are adopted (finished ones counted), never duplicated. The
+default group is <driver>-<hash of the node list or of the selector>; pass
+--group to name it, or to start the same operation again later.`,
+		Example: `  kubectl lifecycle rollout drain -l rack=r12 --max-concurrent 2 --wait
+  kubectl lifecycle rollout reboot node-a node-b node-c --max-concurrent 1 --max-failures 1 --wait
+  kubectl lifecycle rollout uncordon -l rack=r12 --max-concurrent 5 --group rack-r12-uncordon --wait`,
+		Args: argsBetween(1, -1),
+		RunE: o.runE(func(ctx context.Context, args []string) error {
+			if !r.wait && cmd.Flags().Changed("max-failures") {
+				return usageErr("--max-failures needs --wait: without it nothing stays to count failures")
+			}
+			return o.rollout(ctx, args[0], args[1:], r)
+		}),
+	}
+	f := cmd.Flags()
+	f.StringVarP(&r.selector, "selector", "l", "", "Label selector of the nodes (instead of NODE arguments)")
+	f.IntVar(&r.maxConcurrent, "max-concurrent", 1, "At most this many nodes disrupted at once (1-1000)")
+	f.IntVar(&r.maxFailures, "max-failures", 1, "With --wait: start no more nodes once this many have failed; 0: never stop")
+	f.BoolVar(&r.wait, "wait", false, "Order the rollout and follow it to the end")
+	f.DurationVar(&r.timeout, "timeout", 0, "With --wait: give up after this long (exit 4; running events go on, re-run to resume). 0: no limit")
+	f.StringVar(&r.group, "group", "", "Disruption group and rollout name (lowercase letters, digits, '-'; at most 56). Default: <driver>-<hash of the nodes or selector>")
+	f.StringArrayVar(&r.params, "param", nil, "Driver parameter NAME=VALUE for every node's event (repeatable)")
+	f.BoolVar(&r.retryFailed, "retry-failed", false, "Delete this rollout's failed events and run those nodes again")
+	return cmd
+}
+
+// rolloutNode is one node of a rollout and the latest word on its event.
+type rolloutNode struct {
+	node  string
+	event string // rolloutEventName
+	ev    *v1alpha1.LifecycleEvent
+	// seen: the event was in the watch cache once; gone: and then it went
+	// away before it ended (cancelled).
+	seen, gone bool
+	// finishedAt is when the event was first seen in an end state; ended
+	// once it is also settled (see settled).
+	finishedAt time.Time
+	ended      bool
+	// doneByNode: the event is gone (eventRetention) but the Node's
+	// LifecycleTransition condition says it succeeded.
+	doneByNode bool
+	reported   bool
+}
+
+// observe records the latest version of the node's event.
+func (n *rolloutNode) observe(ev *v1alpha1.LifecycleEvent, now time.Time) {
+	n.ev = ev
+	if !ev.Status.ClaimStatus.Finished() {
+		return
+	}
+	if n.finishedAt.IsZero() {
+		n.finishedAt = now
+	}
+	n.ended = settled(ev, now.Sub(n.finishedAt))
+}
+
+func (n *rolloutNode) started() bool { return n.ev != nil || n.doneByNode }
+
+func (n *rolloutNode) succeeded() bool {
+	return n.doneByNode || (n.ended && !n.gone && n.ev.Status.ClaimStatus == v1alpha1.LifecycleEventSucceeded)
+}
+
+func (n *rolloutNode) failed() bool {
+	return n.gone || (n.ended && n.ev.Status.ClaimStatus != v1alpha1.LifecycleEventSucceeded)
+}
+
+func (n *rolloutNode) running() bool { return n.started() && !n.succeeded() && !n.failed() }
+
+// tally counts a rollout's nodes.
+type tally struct{ done, running, waiting, failed int }
+
+func count(nodes []*rolloutNode) tally {
+	var t tally
+	for _, n := range nodes {
+		switch {
+		case n.succeeded():
+			t.done++
+		case n.failed():
+			t.failed++
+		case n.running():
+			t.running++
+		default:
+			t.waiting++
+		}
+	}
+	return t
+}
+
+func (t tally) String() string {
+	return fmt.Sprintf("done %d/%d, running %d, waiting %d, failed %d", t.done, t.done+t.running+t.waiting+t.failed, t.running, t.waiting, t.failed)
+}
+
+// next is the rollout's ordering rule: while fewer than maxConcurrent
+// events are unfinished and fewer than maxFailures nodes have failed
+// (maxFailures 0: no limit), start the next nodes that have no event yet,
+// in the given order. stopped reports that the failure limit is reached.
+func next(nodes []*rolloutNode, maxConcurrent, maxFailures int) (start []*rolloutNode, stopped bool) {
+	t := count(nodes)
+	if maxFailures > 0 && t.failed >= maxFailures {
+		return nil, true
+	}
+	free := maxConcurrent - t.running
+	for _, n := range nodes {
+		if free <= 0 {
+			break
+		}
+		if !n.started() {
+			start = append(start, n)
+			free--
+		}
+	}
+	return start, false
+}
+
+// defaultGroup derives the rollout's group from the driver and the node
+// list (or the selector, so that a node joining it later is part of the
+// same rollout): <driver>-<8 hex digits>.
+func defaultGroup(short string, nodes []string, selector string) string {
+	h := sha256.New()
+	fmt.Fprintf(h, "driver=%s\n", short)
+	if selector != "" {
+		fmt.Fprintf(h, "selector=%s\n", selector)
+	} else {
+		sorted := append([]string(nil), nodes...)
+		sort.Strings(sorted)
+		for _, n := range sorted {
+			fmt.Fprintf(h, "node=%s\n", n)
+		}
+	}
+	prefix := short
+	if len(prefix) > maxGroupLen-9 {
+		prefix = strings.TrimRight(prefix[:maxGroupLen-9], "-")
+	}
+	return prefix + "-" + hex.EncodeToString(h.Sum(nil))[:8]
+}
+
+// rolloutEventName is rollout-<group>-<node>-<driver>; names longer than
+// 253 characters are cut and end with a hash of the full name.
+func rolloutEventName(group, node, short string) string {
+	n := "rollout-" + group + "-" + node + "-" + short
+	if len(n) <= 253 {
+		return n
+	}
+	sum := sha256.Sum256([]byte(n))
+	return strings.TrimRight(n[:253-11], "-.") + "-" + hex.EncodeToString(sum[:])[:10]
+}
+
+// doneOnNode reports whether the Node's LifecycleTransition condition says
+// that event reached end: the trace a finished event leaves once the agent
+// deleted it (eventRetention).
+func doneOnNode(node *corev1.Node, event, end string) bool {
+	for _, c := range node.Status.Conditions {
+		if string(c.Type) == v1alpha1.NodeConditionLifecycleTransition {
+			return c.Status == corev1.ConditionFalse && c.Reason == end && strings.Contains(c.Message, "(event "+event+")")
+		}
+	}
+	return false
+}
+
+func (o *options) rollout(ctx context.Context, driver string, nodeArgs []string, r *rolloutOptions) error {
+	switch {
+	case r.maxConcurrent < 1 || r.maxConcurrent > 1000:
+		return usageErr("--max-concurrent %d: want 1 to 1000", r.maxConcurrent)
+	case r.maxFailures < 0:
+		return usageErr("--max-failures %d: want 0 (no limit) or more", r.maxFailures)
+	case (r.selector == "") == (len(nodeArgs) == 0):
+		return usageErr("rollout takes NODE arguments or -l SELECTOR (one of the two)")
+	case r.group != "" && (len(r.group) > maxGroupLen || !groupRE.MatchString(r.group)):
+		return usageErr("--group %q: want at most %d lowercase letters, digits and '-', starting and ending with a letter or digit", r.group, maxGroupLen)
+	}
+	short := driverShort(driver)
+	if short == "" {
+		return usageErr("driver %q: want a name such as drain or lifecycle-agent.x-k8s.io/drain", driver)
+	}
+	params, err := parseParams(r.params)
+	if err != nil {
+		return err
+	}
+	selector := ""
+	if r.selector != "" {
+		sel, err := labels.Parse(r.selector)
+		if err != nil {
+			return usageErr("-l %q: %v", r.selector, err)
+		}
+		selector = sel.String()
+	}
+	cl, err := o.clients()
+	if err != nil {
+		return err
+	}
+
+	// The nodes, in name order.
+	nodeObjs := map[string]*corev1.Node{}
+	if selector != "" {
+		l, err := cl.core.CoreV1().Nodes().List(ctx, metav1.ListOptions{LabelSelector: selector})
+		if err != nil {
+			return fmt.Errorf("list nodes %s: %w", selector, err)
+		}
+		for i := range l.Items {
+			nodeObjs[l.Items[i].Name] = &l.Items[i]
+		}
+		if len(nodeObjs) == 0 {
+			return usageErr("no nodes match -l %s", selector)
+		}
+	} else {
+		for _, name := range nodeArgs {
+			if _, dup := nodeObjs[name]; dup {
+				continue
+			}
+			n, err := cl.core.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+			if apierrors.IsNotFound(err) {
+				return usageErr("node %q not found", name)
+			}
+			if err != nil {
+				return fmt.Errorf("get node %s: %w", name, err)
+			}
+			nodeObjs[name] = n
+		}
+	}
+	names := sortedKeys(nodeObjs)
+	group := r.group
+	if group == "" {
+		group = defaultGroup(short, names, selector)
+	}
+
+	// Adopt what an earlier run of the same rollout created.
+	existing, err := cl.lc.Events.List(ctx, metav1.ListOptions{LabelSelector: labelRollout + "=" + group})
+	if err != nil {
+		return fmt.Errorf("list the events of rollout %s: %w", group, err)
+	}
+	byName := map[string]*v1alpha1.LifecycleEvent{}
+	for i := range existing.Items {
+		byName[existing.Items[i].Name] = &existing.Items[i]
+	}
+	nodes := make([]*rolloutNode, 0, len(names))
+	for _, name := range names {
+		n := &rolloutNode{node: name, event: rolloutEventName(group, name, short)}
+		if ev := byName[n.event]; ev != nil {
+			if ev.Spec.BindingNode != name || ev.Spec.TransitionName != name+"-"+short {
+				return fail(exitFailed, "lifecycleevent %s exists but runs %s on node %s, not %s-%s: choose another --group",
+					ev.Name, ev.Spec.TransitionName, ev.Spec.BindingNode, name, short)
+			}
+			o.warnDiffers(ev, params, r.maxConcurrent)
+			n.observe(ev, o.clock.Now())
+		}
+		nodes = append(nodes, n)
+	}
+	by := "-l " + selector
+	if selector == "" {
+		by = strings.Join(names, " ")
+	}
+	fmt.Fprintf(o.out, "rollout %s: %s on %d node(s) (%s), max-concurrent %d", group, short, len(nodes), by, r.maxConcurrent)
+	if r.wait {
+		fmt.Fprintf(o.out, ", max-failures %d", r.maxFailures)
+	}
+	fmt.Fprintln(o.out)
+	if r.retryFailed {
+		if err := o.deleteFailed(ctx, cl, nodes); err != nil {
+			return err
+		}
+	}
+	// Every node still to start needs the transition; a node whose event
+	// is gone may be done already by its Node condition.
+	var missing []string
+	for _, n := range nodes {
+		if n.started() {
+			continue
+		}
+		lt, err := cl.lc.Transitions.Get(ctx, n.node+"-"+short, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) || (err == nil && driverShort(lt.Spec.Driver) != short) {
+			missing = append(missing, n.node)
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("get LifecycleTransition %s-%s: %w", n.node, short, err)
+		}
+		n.doneByNode = doneOnNode(nodeObjs[n.node], n.event, string(lt.Spec.End))
+	}
+	if len(missing) > 0 {
+		return usageErr("no transition <node>-%s published for %d node(s): %s (see 'kubectl lifecycle transitions NODE'; is lifecycle-agent running there with driver %s enabled?)",
+			short, len(missing), strings.Join(missing, ", "), short)
+	}
+
+	if t := count(nodes); t.waiting < len(nodes) {
+		fmt.Fprintf(o.out, "resuming: %d node(s) already started by an earlier run: %s\n", len(nodes)-t.waiting, t)
+	}
+	ro := &rolloutRun{o: o, cl: cl, group: group, short: short, params: params, r: r, nodes: nodes, start: o.clock.Now()}
+	if !r.wait {
+		return ro.createAll(ctx)
+	}
+	return ro.follow(ctx)
+}
+
+func (o *options) warnDiffers(ev *v1alpha1.LifecycleEvent, params map[string]string, maxConcurrent int) {
+	if !maps.Equal(ev.Spec.Parameters, params) && (len(ev.Spec.Parameters) > 0 || len(params) > 0) {
+		fmt.Fprintf(o.errOut, "warning: adopting lifecycleevent %s, whose parameters %v differ from --param %v\n", ev.Name, ev.Spec.Parameters, params)
+	}
+	if d := ev.Spec.Disruption; d != nil && int(d.MaxConcurrent) != maxConcurrent {
+		fmt.Fprintf(o.errOut, "warning: adopting lifecycleevent %s, created with maxConcurrent %d (now %d)\n", ev.Name, d.MaxConcurrent, maxConcurrent)
+	}
+}
+
+// deleteFailed deletes the rollout's failed events (they have no
+// finalizer any more) and waits until they are gone, so their nodes start
+// again.
+func (o *options) deleteFailed(ctx context.Context, cl *clients, nodes []*rolloutNode) error {
+	for _, n := range nodes {
+		if !n.failed() {
+			continue
+		}
+		uid := n.ev.UID
+		err := cl.lc.Events.Delete(ctx, n.event, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}})
+		if err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("delete failed event %s: %w", n.event, err)
+		}
+		deadline := o.clock.After(time.Minute)
+		for {
+			_, err := cl.lc.Events.Get(ctx, n.event, metav1.GetOptions{})
+			if apierrors.IsNotFound(err) {
+				break
+			}
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-deadline:
+				return fail(exitFailed, "failed event %s still there a minute after its deletion", n.event)
+			case <-o.clock.After(200 * time.Millisecond):
+			}
+		}
+		fmt.Fprintf(o.out, "retrying %s: deleted its failed event %s (%s)\n", n.node, n.event, oneLine(n.ev.Status.Message, 120))
+		n.ev, n.finishedAt, n.ended = nil, time.Time{}, false
+	}
+	return nil
+}
+
+// rolloutRun is one invocation of the rollout command.
+type rolloutRun struct {
+	o      *options
+	cl     *clients
+	group  string
+	short  string
+	params map[string]string
+	r      *rolloutOptions
+	nodes  []*rolloutNode
+	start  time.Time
+}
+
+func (ro *rolloutRun) line(format string, args ...any) {
+	fmt.Fprintf(ro.o.out, "[%6s] %s\n", took(ro.o.clock.Since(ro.start)), fmt.Sprintf(format, args...))
+}
+
+// create makes node n's event, or adopts it when it appeared meanwhile.
+func (ro *rolloutRun) create(ctx context.Context, n *rolloutNode) error {
+	ev := &v1alpha1.LifecycleEvent{
+		ObjectMeta: metav1.ObjectMeta{Name: n.event, Labels: map[string]string{labelRollout: ro.group, labelManagedBy: managedBy}},
+		Spec: v1alpha1.LifecycleEventSpec{TransitionName: n.node + "-" + ro.short, BindingNode: n.node, Parameters: ro.params,
+			Disruption: &v1alpha1.DisruptionBudget{Group: ro.group, MaxConcurrent: int32(ro.r.maxConcurrent)}},
+	}
+	created, err := ro.cl.lc.Events.Create(ctx, ev, metav1.CreateOptions{FieldManager: managedBy})
+	if apierrors.IsAlreadyExists(err) {
+		created, err = ro.cl.lc.Events.Get(ctx, n.event, metav1.GetOptions{})
+		if err == nil {
+			n.observe(created, ro.o.clock.Now())
+			ro.line("%s: adopted lifecycleevent %s (created meanwhile by someone else)", n.node, n.event)
+			return nil
+		}
+	}
+	if err != nil {
+		return fail(exitFailed, "create lifecycleevent %s: %v (events already created go on; re-run the same command to resume)", n.event, err)
+	}
+	n.observe(created, ro.o.clock.Now())
+	ro.line("%s: started lifecycleevent %s", n.node, n.event)
+	return nil
+}
+
+// createAll is the rollout without --wait: every event at once.
+func (ro *rolloutRun) createAll(ctx context.Context) error {
+	for _, n := range ro.nodes {
+		if n.started() {
+			continue
+		}
+		if err := ro.create(ctx, n); err != nil {
+			return err
+		}
+	}
+	t := count(ro.nodes)
+	fmt.Fprintln(ro.o.out, t)
+	fmt.Fprintf(ro.o.out, "the agents run at most %d at a time; follow with 'kubectl lifecycle status -l %s=%s'\n", ro.r.maxConcurrent, labelRollout, ro.group)
+	if t.failed > 0 {
+		return fail(exitFailed, "rollout %s: %d node(s) failed before: %s (re-run with --retry-failed to run them again)", ro.group, t.failed, strings.Join(ro.failedNodes(), ", "))
+	}
+	return nil
+}
+
+func (ro *rolloutRun) failedNodes() []string {
+	var out []string
+	for _, n := range ro.nodes {
+		if n.failed() {
+			out = append(out, n.node)
+		}
+	}
+	return out
+}
+
+// follow orders the rollout (see next) and reports until nothing runs.
+func (ro *rolloutRun) follow(ctx context.Context) error {
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	c := startEventCache(wctx, ro.cl.lc, metav1.ListOptions{LabelSelector: labelRollout + "=" + ro.group})
+	if err := c.synced(wctx); err != nil {
+		if ctx.Err() != nil {
+			return fail(exitInterrupted, "interrupted")
+		}
+		return err
+	}
+	// Finished before this run: reported in the resume line already.
+	for _, n := range ro.nodes {
+		n.reported = n.succeeded() || n.failed()
+	}
+	deadline := ro.o.timeoutC(ro.r.timeout)
+	lastSummary, stopNoted := "", false
+	pendingSince := map[string]time.Time{}
+	for {
+		cached := c.list()
+		now := ro.o.clock.Now()
+		for _, n := range ro.nodes {
+			if n.doneByNode || n.gone {
+				continue
+			}
+			if ev, ok := cached[n.event]; ok {
+				n.seen = true
+				n.observe(ev, now)
+			} else if n.seen && n.ev != nil {
+				if n.ev.Status.ClaimStatus.Finished() {
+					n.ended = true // deleted after it ended: its last status stands
+				} else {
+					n.gone = true
+				}
+			}
+		}
+		for _, n := range ro.nodes {
+			if n.reported || !(n.succeeded() || n.failed()) {
+				continue
+			}
+			n.reported = true
+			switch {
+			case n.gone:
+				ro.line("%s: lifecycleevent %s was deleted before it ended (cancelled)", n.node, n.event)
+			case n.succeeded():
+				ro.line("%s: Succeeded in %s", n.node, eventTook(n.ev))
+			default:
+				ro.line("%s: %s after %s: %s", n.node, n.ev.Status.ClaimStatus, eventTook(n.ev), oneLine(n.ev.Status.Message, 300))
+			}
+		}
+		start, stopped := next(ro.nodes, ro.r.maxConcurrent, ro.r.maxFailures)
+		for _, n := range start {
+			if err := ro.create(ctx, n); err != nil {
+				return err
+			}
+		}
+		t := count(ro.nodes)
+		if s := t.String(); s != lastSummary {
+			ro.line("%s", s)
+			lastSummary = s
+		}
+		if stopped && !stopNoted && t.waiting > 0 {
+			stopNoted = true
+			ro.line("max-failures (%d) reached: starting no more nodes; waiting for the %d running", ro.r.maxFailures, t.running)
+		}
+		for _, n := range ro.nodes {
+			pending := n.ev != nil && !n.gone && (n.ev.Status.ClaimStatus == "" || n.ev.Status.ClaimStatus == v1alpha1.LifecycleEventPending)
+			if !pending {
+				delete(pendingSince, n.node)
+				continue
+			}
+			since, ok := pendingSince[n.node]
+			if !ok {
+				pendingSince[n.node] = now
+			} else if !since.IsZero() && now.Sub(since) >= pendingHint {
+				ro.line("%s: lifecycleevent %s still Pending after %s: is lifecycle-agent running there?", n.node, n.event, compact(pendingHint))
+				pendingSince[n.node] = time.Time{} // said once
+			}
+		}
+		if t.running == 0 && (t.waiting == 0 || stopped) {
+			return ro.finish(t, stopped)
+		}
+		select {
+		case <-ctx.Done():
+			return fail(exitInterrupted, "interrupted: %s; running events go on; re-run the same command to resume", t)
+		case <-deadline:
+			return fail(exitTimeout, "timed out after %s: %s; running events go on; re-run the same command to resume", ro.r.timeout, t)
+		case <-c.changed:
+		case <-ro.o.clock.After(time.Second):
+		}
+	}
+}
+
+func (ro *rolloutRun) finish(t tally, stopped bool) error {
+	total := len(ro.nodes)
+	if t.failed == 0 {
+		ro.line("rollout %s complete: %d/%d nodes done", ro.group, t.done, total)
+		return nil
+	}
+	msg := fmt.Sprintf("rollout %s: %d of %d node(s) failed: %s", ro.group, t.failed, total, strings.Join(ro.failedNodes(), ", "))
+	if stopped && t.waiting > 0 {
+		var ns []string
+		for _, n := range ro.nodes {
+			if !n.started() {
+				ns = append(ns, n.node)
+			}
+		}
+		msg += fmt.Sprintf("; max-failures %d reached, not started: %s", ro.r.maxFailures, strings.Join(ns, ", "))
+	}
+	msg += "; fix the cause, then re-run the same command with --retry-failed"
+	return fail(exitFailed, "%s", msg)
+}
+
+// eventTook is claim → completion as the agent recorded them.
+func eventTook(ev *v1alpha1.LifecycleEvent) string {
+	if ev == nil || ev.Status.CompletionTime == nil {
+		return "?"
+	}
+	from := ev.CreationTimestamp.Time
+	if h := ev.Status.Holder; h != nil && h.ClaimTime != nil {
+		from = h.ClaimTime.Time
+	}
+	return apiDuration(ev.Status.CompletionTime.Sub(from))
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}

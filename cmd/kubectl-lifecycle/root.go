@@ -1,0 +1,224 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	"k8s.io/cli-runtime/pkg/genericclioptions"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/utils/clock"
+
+	"github.com/lifecycle-agent/lifecycle-agent/internal/apiclient"
+)
+
+// Exit codes; doc.go and docs/plugin.md list them for users.
+const (
+	exitOK          = 0
+	exitFailed      = 1 // an event (or a rollout node) failed, or an API error
+	exitUsage       = 2 // bad arguments or flags; a driver the node does not offer
+	exitSlaExpired  = 3 // the event ended SlaExpired
+	exitTimeout     = 4 // --timeout passed before the end; the work goes on
+	exitInterrupted = 130
+)
+
+// exitError carries an exit code and the one-line message printed as
+// "error: <msg>". Every RunE returns nil or an *exitError.
+type exitError struct {
+	code int
+	msg  string
+}
+
+func (e *exitError) Error() string { return e.msg }
+
+func fail(code int, format string, args ...any) *exitError {
+	return &exitError{code: code, msg: fmt.Sprintf(format, args...)}
+}
+
+func usageErr(format string, args ...any) *exitError { return fail(exitUsage, format, args...) }
+
+// options are shared by every command.
+type options struct {
+	flags  *genericclioptions.ConfigFlags
+	out    io.Writer
+	errOut io.Writer
+	clock  clock.Clock
+
+	cl *clients
+}
+
+// clients are built on first use, from the kubeconfig flags.
+type clients struct {
+	lc   *apiclient.LifecycleClients
+	core kubernetes.Interface
+}
+
+func (o *options) clients() (*clients, error) {
+	if o.cl != nil {
+		return o.cl, nil
+	}
+	cfg, err := o.flags.ToRESTConfig()
+	if err != nil {
+		return nil, fail(exitFailed, "kubeconfig: %v", err)
+	}
+	cfg = rest.CopyConfig(cfg)
+	cfg.UserAgent = "kubectl-lifecycle/" + version
+	if cfg.QPS == 0 {
+		cfg.QPS, cfg.Burst = 50, 100
+	}
+	lc, err := apiclient.NewLifecycleClients(cfg)
+	if err != nil {
+		return nil, fail(exitFailed, "%v", err)
+	}
+	core, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, fail(exitFailed, "%v", err)
+	}
+	o.cl = &clients{lc: lc, core: core}
+	return o.cl, nil
+}
+
+// runE adapts a command body: plain errors become exit 1, a cancelled
+// context (SIGINT, SIGTERM) becomes exit 130.
+func (o *options) runE(f func(ctx context.Context, args []string) error) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, args []string) error {
+		err := f(cmd.Context(), args)
+		var ee *exitError
+		switch {
+		case err == nil:
+			return nil
+		case errors.As(err, &ee):
+			return ee
+		case cmd.Context().Err() != nil:
+			return fail(exitInterrupted, "interrupted")
+		}
+		return fail(exitFailed, "%v", err)
+	}
+}
+
+// execute runs the command line and returns the exit code.
+func execute(ctx context.Context, args []string, out, errOut io.Writer, clk clock.Clock) int {
+	o := &options{out: out, errOut: errOut, clock: clk}
+	root := newRootCmd(o)
+	root.SetArgs(args)
+	root.SetOut(out)
+	root.SetErr(errOut)
+	cmd, err := root.ExecuteContextC(ctx)
+	if err == nil {
+		return exitOK
+	}
+	var ee *exitError
+	if !errors.As(err, &ee) {
+		// Errors cobra found before a command ran: unknown command, bad
+		// flag, wrong number of arguments.
+		fmt.Fprintf(errOut, "error: %v\nSee '%s --help' for usage.\n", err, commandPath(cmd))
+		return exitUsage
+	}
+	if ee.msg != "" {
+		fmt.Fprintf(errOut, "error: %s\n", ee.msg)
+	}
+	if ee.code == exitUsage {
+		fmt.Fprintf(errOut, "See '%s --help' for usage.\n", commandPath(cmd))
+	}
+	return ee.code
+}
+
+func commandPath(cmd *cobra.Command) string {
+	if cmd == nil {
+		return "kubectl lifecycle"
+	}
+	return cmd.CommandPath() // "kubectl lifecycle …" (CommandDisplayNameAnnotation)
+}
+
+func newRootCmd(o *options) *cobra.Command {
+	root := &cobra.Command{
+		Use:   "kubectl-lifecycle",
+		Short: "Run and follow node lifecycle transitions (drain, reboot, uncordon, ...) done by lifecycle-agent",
+		Long: `kubectl lifecycle runs node lifecycle transitions through the lifecycle-agent
+on each node: it creates LifecycleEvents, follows them step by step, and rolls
+a transition across many nodes under a disruption budget.
+
+The agents do the work; this plugin only asks and reports. An event it
+created keeps running when the plugin exits.`,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		Annotations: map[string]string{
+			cobra.CommandDisplayNameAnnotation: "kubectl lifecycle",
+		},
+		CompletionOptions: cobra.CompletionOptions{HiddenDefaultCmd: true},
+	}
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageErr("%v", err) })
+	o.flags = genericclioptions.NewConfigFlags(true)
+	o.flags.Namespace = nil // both kinds are cluster-scoped
+	o.flags.CacheDir = nil  // no discovery
+	o.flags.AddFlags(root.PersistentFlags())
+
+	root.AddCommand(
+		newTransitionsCmd(o),
+		newRunCmd(o),
+		newShorthandCmd(o, "drain", "Drain a node: cordon it and evict its pods (run drain NODE --wait)"),
+		newShorthandCmd(o, "uncordon", "Make a node schedulable again, if lifecycle-agent cordoned it (run uncordon NODE --wait)"),
+		newShorthandCmd(o, "reboot", "Drain, reboot and uncordon a node (run reboot NODE --wait)"),
+		newStatusCmd(o),
+		newCancelCmd(o),
+		newHistoryCmd(o),
+		newRolloutCmd(o),
+		&cobra.Command{
+			Use:   "version",
+			Short: "Print the plugin's version",
+			Args:  cobra.NoArgs,
+			Run:   func(cmd *cobra.Command, _ []string) { fmt.Fprintf(o.out, "kubectl-lifecycle %s\n", version) },
+		},
+	)
+	return root
+}
+
+// argsBetween accepts min..max positional arguments (max < 0: no limit).
+func argsBetween(min, max int) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, args []string) error {
+		if len(args) < min || (max >= 0 && len(args) > max) {
+			want := fmt.Sprintf("%d", min)
+			switch {
+			case max < 0:
+				want = fmt.Sprintf("at least %d", min)
+			case max != min:
+				want = fmt.Sprintf("%d to %d", min, max)
+			}
+			return usageErr("%s takes %s argument(s), got %d: usage: %s", cmd.Name(), want, len(args), cmd.UseLine())
+		}
+		return nil
+	}
+}
+
+// parseParams turns repeated --param k=v into a map.
+func parseParams(kvs []string) (map[string]string, error) {
+	if len(kvs) == 0 {
+		return nil, nil
+	}
+	m := make(map[string]string, len(kvs))
+	for _, kv := range kvs {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			return nil, usageErr("--param %q: want NAME=VALUE", kv)
+		}
+		if _, dup := m[k]; dup {
+			return nil, usageErr("--param %s given twice", k)
+		}
+		m[k] = v
+	}
+	return m, nil
+}
+
+// timeoutC fires once d has passed on the injected clock; nil (never) when
+// d is 0.
+func (o *options) timeoutC(d time.Duration) <-chan time.Time {
+	if d <= 0 {
+		return nil
+	}
+	return o.clock.After(d)
+}
