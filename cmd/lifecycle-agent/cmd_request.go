@@ -2,8 +2,13 @@ package main
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"strings"
 	"time"
+
+	"github.com/lifecycle-agent/lifecycle-agent/api/v1alpha1"
+	daemon "github.com/lifecycle-agent/lifecycle-agent/internal/agent"
 
 	"github.com/spf13/cobra"
 )
@@ -71,8 +76,92 @@ func parseParams(raw []string) (map[string]string, error) {
 	return out, nil
 }
 
-// runRequest is `lifecycle-agent request`. The driver name and parameter
-// values are not checked yet: the driver does that.
+// Exit codes of `request --wait` (0 and 2 as everywhere).
+const (
+	exitRequestFailed     = 1
+	exitRequestSlaExpired = 3
+	exitRequestTimeout    = 4
+)
+
+// runRequest is `lifecycle-agent request`: the running agent validates the
+// driver and parameters, creates the event as this node (or queues it in
+// the journal while the API server is unreachable) and, with --wait, this
+// command follows it.
 func runRequest(ctx context.Context, e *env, o requestOptions) error {
-	return notImplemented(issueRequest)
+	res, err := daemon.RequestViaSocket(ctx, e.cfg.SocketPath, daemon.RequestBody{Driver: o.Driver, Params: o.Params})
+	var refused *daemon.ErrRefused
+	if errors.As(err, &refused) {
+		return &exitError{code: exitUsage, err: errors.New(refused.Msg)}
+	}
+	if err != nil {
+		return err
+	}
+	if res.Queued {
+		fmt.Fprintf(e.stdout, "%s queued: the API server is unreachable; the agent publishes it when it returns\n", res.Event)
+	} else {
+		fmt.Fprintf(e.stdout, "%s created\n", res.Event)
+	}
+	if !o.Wait {
+		return nil
+	}
+	if o.Timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, o.Timeout)
+		defer cancel()
+	}
+	externalUpgrade := strings.HasSuffix(o.Driver, "os-upgrade") && o.Params["mode"] == "external"
+	last := ""
+	for {
+		v, err := daemon.EventViaSocket(ctx, e.cfg.SocketPath, res.Event)
+		if err == nil {
+			st := v.Status
+			line := string(st.ClaimStatus) + " " + st.CurrentStep + " " + st.Message
+			if v.Queued {
+				line = "queued"
+			}
+			if line != last {
+				last = line
+				fmt.Fprintf(e.stdout, "%s %s: %s", time.Now().Format("15:04:05"), res.Event, orPending(string(st.ClaimStatus), v.Queued))
+				if st.CurrentStep != "" {
+					fmt.Fprintf(e.stdout, " (step %s)", st.CurrentStep)
+				}
+				if st.Message != "" {
+					fmt.Fprintf(e.stdout, ": %s", st.Message)
+				}
+				fmt.Fprintln(e.stdout)
+			}
+			switch st.ClaimStatus {
+			case v1alpha1.LifecycleEventSucceeded:
+				return nil
+			case v1alpha1.LifecycleEventFailed:
+				return &exitError{code: exitRequestFailed, err: fmt.Errorf("%s failed: %s", res.Event, st.Message)}
+			case v1alpha1.LifecycleEventSlaExpired:
+				return &exitError{code: exitRequestSlaExpired, err: fmt.Errorf("%s: sla expired: %s", res.Event, st.Message)}
+			}
+			// A pipeline's external OS upgrade: return once the node is
+			// drained and the agent waits for the pipeline's reboot.
+			if externalUpgrade && st.CurrentStep == "wait-reboot" {
+				fmt.Fprintf(e.stdout, "%s: node drained; upgrade and reboot it, the agent verifies and uncordons after boot\n", res.Event)
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				return &exitError{code: exitRequestTimeout, err: fmt.Errorf("%s: still running after %s (it goes on)", res.Event, o.Timeout)}
+			}
+			return ctx.Err()
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
+
+func orPending(s string, queued bool) string {
+	switch {
+	case queued:
+		return "queued"
+	case s == "":
+		return "Pending"
+	}
+	return s
 }

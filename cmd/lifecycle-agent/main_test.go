@@ -207,8 +207,8 @@ func TestSmoke(t *testing.T) {
 			stderr: `lifecycle-agent: status: cannot reach the agent at ` + runDir + `/none.sock: Get "http://agent/status": dial unix ` + runDir + `/none.sock: connect: no such file or directory (is it running? the socket is root-only)`,
 		},
 		{
-			name: "request", args: []string{"request", "gpu-reset", "--param", "gpus=0,1", "--wait", "--timeout", "1m"}, code: 1,
-			stderr: "lifecycle-agent: request: not implemented yet (issue " + issueRequest + ")",
+			name: "request without an agent", args: []string{"request", "gpu-reset", "--param", "gpus=0,1", "--wait", "--timeout", "1m", "--socket", runDir + "/none.sock"}, code: 1,
+			stderr: `lifecycle-agent: request: cannot reach the agent at ` + runDir + `/none.sock: Post "http://agent/request": dial unix ` + runDir + `/none.sock: connect: no such file or directory (is it running? the socket is root-only)`,
 		},
 		{
 			name: "journal verify of a missing file", args: []string{"journal", "verify", "--journal", runDir + "/absent.db"}, code: 1,

@@ -187,11 +187,6 @@ func exactArgs(n int, what string) cobra.PositionalArgs {
 	}
 }
 
-// notImplemented is what commands that later issues fill in return.
-func notImplemented(issue string) error {
-	return fmt.Errorf("not implemented yet (issue %s)", issue)
-}
-
 func newLogger(w io.Writer, level slog.Level, format string) *slog.Logger {
 	opts := &slog.HandlerOptions{Level: level}
 	if format == config.LogFormatJSON {

@@ -1,15 +1,18 @@
 package agent
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"time"
@@ -19,6 +22,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"k8s.io/utils/clock"
 
+	"github.com/lifecycle-agent/lifecycle-agent/api/v1alpha1"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/apiclient"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/config"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/drivers"
@@ -53,6 +57,9 @@ type Options struct {
 	NoLogind bool
 	// NoGPU skips NVML (many agents in one process).
 	NoGPU bool
+	// UnfilteredWatch makes the engine watch every LifecycleEvent instead
+	// of this node's (bench/ only: the filtered watch's comparison).
+	UnfilteredWatch bool
 }
 
 // Identity is stable for one journal on one node: a restarted agent keeps
@@ -152,7 +159,8 @@ func Run(ctx context.Context, o Options) error {
 	eng, err := engine.New(engine.Config{
 		Node: cfg.NodeName, Identity: identity, API: api, Journal: j, Drivers: drv, Host: hostOps,
 		Clock: clk, Log: log, EventRetention: cfg.EventRetention, Metrics: metrics,
-		Notify: func(s string) { notify("STATUS", s) },
+		Notify:          func(s string) { notify("STATUS", s) },
+		UnfilteredWatch: o.UnfilteredWatch,
 	})
 	if err != nil {
 		return err
@@ -217,6 +225,42 @@ func serve(ctx context.Context, cfg *config.Config, reg *prometheus.Registry, en
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(eng.Snapshot())
 	})
+	smux.HandleFunc("/request", func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost {
+			http.Error(w, "POST only", http.StatusMethodNotAllowed)
+			return
+		}
+		var req RequestBody
+		if err := json.NewDecoder(io.LimitReader(r.Body, 1<<20)).Decode(&req); err != nil {
+			writeErr(w, http.StatusBadRequest, "bad request body: "+err.Error())
+			return
+		}
+		res, err := eng.Request(r.Context(), req.Driver, req.Params)
+		if err != nil {
+			code := http.StatusInternalServerError
+			if errors.Is(err, engine.ErrUnknownDriver) || errors.Is(err, drivers.ErrBadParameter) {
+				code = http.StatusBadRequest
+			}
+			writeErr(w, code, err.Error())
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(res)
+	})
+	smux.HandleFunc("/event", func(w http.ResponseWriter, r *http.Request) {
+		name := r.URL.Query().Get("name")
+		out := EventView{Name: name, Queued: eng.Queued(name)}
+		if !out.Queued {
+			ev, err := eng.Event(r.Context(), name)
+			if err != nil {
+				writeErr(w, http.StatusBadGateway, err.Error())
+				return
+			}
+			out.Status = ev.Status
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(out)
+	})
 	ssrv := &http.Server{Handler: smux, ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = ssrv.Serve(sl) }()
 	log.Info("serving", "metrics", ml.Addr().String(), "socket", cfg.SocketPath)
@@ -246,4 +290,78 @@ func StatusFromSocket(ctx context.Context, socket string) (engine.Snapshot, erro
 	}
 	defer resp.Body.Close()
 	return s, json.NewDecoder(resp.Body).Decode(&s)
+}
+
+// RequestBody is POST /request on the control socket.
+type RequestBody struct {
+	Driver string            `json:"driver"`
+	Params map[string]string `json:"params,omitempty"`
+}
+
+// EventView is GET /event?name= on the control socket.
+type EventView struct {
+	Name   string                        `json:"name"`
+	Queued bool                          `json:"queued"`
+	Status v1alpha1.LifecycleEventStatus `json:"status"`
+}
+
+type errorBody struct {
+	Error string `json:"error"`
+}
+
+func writeErr(w http.ResponseWriter, code int, msg string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(errorBody{Error: msg})
+}
+
+// socketClient talks HTTP over the control socket.
+func socketClient(socket string) *http.Client {
+	return &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", socket)
+	}}, Timeout: 30 * time.Second}
+}
+
+// ErrRefused is an error the agent returned for a bad request.
+type ErrRefused struct{ Msg string }
+
+func (e *ErrRefused) Error() string { return e.Msg }
+
+// RequestViaSocket asks the running agent to create (or queue) an event.
+func RequestViaSocket(ctx context.Context, socket string, body RequestBody) (engine.RequestResult, error) {
+	var res engine.RequestResult
+	b, _ := json.Marshal(body)
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://agent/request", bytes.NewReader(b))
+	resp, err := socketClient(socket).Do(req)
+	if err != nil {
+		return res, fmt.Errorf("cannot reach the agent at %s: %w (is it running? the socket is root-only)", socket, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		var eb errorBody
+		_ = json.NewDecoder(resp.Body).Decode(&eb)
+		if resp.StatusCode == http.StatusBadRequest {
+			return res, &ErrRefused{Msg: eb.Error}
+		}
+		return res, fmt.Errorf("agent: %s", eb.Error)
+	}
+	return res, json.NewDecoder(resp.Body).Decode(&res)
+}
+
+// EventViaSocket reads an event's status through the agent.
+func EventViaSocket(ctx context.Context, socket, name string) (EventView, error) {
+	var v EventView
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://agent/event?name="+url.QueryEscape(name), nil)
+	resp, err := socketClient(socket).Do(req)
+	if err != nil {
+		return v, fmt.Errorf("cannot reach the agent at %s: %w", socket, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		var eb errorBody
+		_ = json.NewDecoder(resp.Body).Decode(&eb)
+		return v, fmt.Errorf("agent: %s", eb.Error)
+	}
+	return v, json.NewDecoder(resp.Body).Decode(&v)
 }

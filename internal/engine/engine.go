@@ -39,6 +39,11 @@ type Config struct {
 	// Notify receives a one-line state for systemd's STATUS=.
 	Notify  func(status string)
 	Metrics *Metrics
+	// UnfilteredWatch watches every LifecycleEvent instead of this node's
+	// (spec.bindingNode, filtered by the server). Only bench/ sets it, to
+	// measure what the server-side filter saves; candidates() still keeps
+	// this node's events only.
+	UnfilteredWatch bool
 }
 
 // Engine runs this node's events.
@@ -125,8 +130,8 @@ func (e *Engine) Run(ctx context.Context) error {
 		return fmt.Errorf("engine: read journal: %w", err)
 	}
 	for _, r := range recs {
-		if r.Driver == ShutdownDriver {
-			continue // closed out below, once the API answers
+		if r.Driver == ShutdownDriver || r.Driver == requestDriver {
+			continue // closed out or published below, once the API answers
 		}
 		a, err := e.resume(r)
 		if err != nil {
@@ -147,7 +152,8 @@ func (e *Engine) Run(ctx context.Context) error {
 		}
 	}
 	e.closeOutShutdowns(ctx)
-	w, err := e.cfg.API.WatchEvents(ctx, func(name string) { e.onEvent(name) }, false)
+	e.publishRequests(ctx)
+	w, err := e.cfg.API.WatchEvents(ctx, func(name string) { e.onEvent(name) }, e.cfg.UnfilteredWatch)
 	if err != nil {
 		return err
 	}
@@ -162,6 +168,7 @@ func (e *Engine) Run(ctx context.Context) error {
 				continue
 			}
 			e.collect(ctx)
+			e.publishRequests(ctx)
 		}
 		select {
 		case <-ctx.Done():

@@ -149,7 +149,8 @@ type Change struct {
 	V    int        `json:"v"`
 	Kind ChangeKind `json:"kind"`
 	Node string     `json:"node"`
-	// Name is the annotation key; empty for a cordon.
+	// Name is the annotation key; for a cordon, an optional owner that
+	// keeps two owners' records of one node apart (e.g. "shutdown").
 	Name string `json:"name,omitempty"`
 	// Value is what the agent set; Previous what was there before (nil: absent).
 	Value    string    `json:"value,omitempty"`
@@ -248,8 +249,6 @@ func (c *Change) validate() error {
 		return invalid("change %s: empty node", c.Kind)
 	case c.Kind == ChangeAnnotation && c.Name == "":
 		return invalid("change %s on %s: empty annotation name", c.Kind, c.Node)
-	case c.Kind == ChangeCordon && c.Name != "":
-		return invalid("change %s on %s: unexpected name %q", c.Kind, c.Node, c.Name)
 	}
 	return nil
 }

@@ -59,6 +59,10 @@ type agentOpts struct {
 	retention time.Duration
 	extra     []drivers.Driver
 	dir       string // reuse a journal directory (restart)
+	servers   bool   // serve the control socket (and metrics on a free port)
+	logind    string // D-Bus address of a test logind: enables the shutdown guard
+	budget    time.Duration
+	configure func(*config.Config)
 }
 
 // exe is the test binary itself, re-executed as the journal's integrity
@@ -84,6 +88,13 @@ func startAgent(t *testing.T, node string, o agentOpts) *testAgent {
 	cfg.EventRetention = o.retention
 	cfg.Host.Mode = config.HostModeSimulate
 	cfg.Drain.EvictRetryDelay = 500 * time.Millisecond
+	cfg.MetricsAddress = "127.0.0.1:0"
+	if o.budget > 0 {
+		cfg.Shutdown.Budget = o.budget
+	}
+	if o.configure != nil {
+		o.configure(cfg)
+	}
 	buf := &syncBuffer{}
 	log := slog.New(slog.NewTextHandler(io.MultiWriter(buf), &slog.HandlerOptions{Level: slog.LevelDebug}))
 	host, err := hostops.NewSimulated(hostops.SimulatedConfig{StateDir: dir, Logger: log})
@@ -95,7 +106,7 @@ func startAgent(t *testing.T, node string, o agentOpts) *testAgent {
 	ready := make(chan struct{})
 	go func() {
 		a.done <- agent.Run(ctx, agent.Options{Config: cfg, Log: log, RestConfig: env.NodeConfig(node), Host: host,
-			CheckCommand: checkCommand(), NoServers: true, NoLogind: true, NoGPU: true, ExtraDrivers: o.extra, Ready: ready})
+			CheckCommand: checkCommand(), NoServers: !o.servers, NoLogind: o.logind == "", LogindAddress: o.logind, NoGPU: true, ExtraDrivers: o.extra, Ready: ready})
 	}()
 	select {
 	case <-ready:
