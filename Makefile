@@ -7,6 +7,7 @@ GO ?= go
 TAGS := kustomize_disable_go_plugin_support
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null | sed 's/^v//' || echo 0.0.0)
 DEB_VERSION ?= 0.1.0
+DIST ?= dist
 COMMIT ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
 LDFLAGS := -X main.version=$(VERSION) -X main.commit=$(COMMIT)
 export CGO_ENABLED := 1
@@ -14,7 +15,7 @@ export CGO_CFLAGS := -O2 -g -Wno-deprecated-declarations
 GOFLAGS_TEST ?= -race
 TEST_TIMEOUT ?= 30m
 
-.PHONY: all build generate verify-generated test test-unit test-vm lint demo deb bench kubebin clean
+.PHONY: all build generate verify-generated test test-unit test-vm test-vm-full lint demo deb bench kubebin clean
 
 all: build
 
@@ -40,11 +41,28 @@ test: lint kubebin ## everything: lint, unit, real-apiserver, D-Bus and VM tests
 test-unit: ## only the fast tests (no control plane)
 	$(GO) test -tags $(TAGS) -short ./...
 
+# VM tests (test/vm): a Debian bookworm systemd guest under QEMU (TCG),
+# image built by hack/vm/build-image.sh and cached in ~/.cache/lifecycle-agent/vm.
+# Needs root and the Debian packages qemu-system-x86 qemu-utils debootstrap
+# e2fsprogs xz-utils openssh-client python3.
+VM_TEST_TIMEOUT ?= 60m
+VM_CI_TESTS := ^(TestVMInfrastructure|TestScenarioReboot|TestScenarioShutdown|TestScenarioPowerCut)$$
+
+test-vm: kubebin deb ## VM tests run by CI: harness, (a) reboot, (b) graceful shutdown, (c) power cuts
+	$(GO) test -tags $(TAGS) -count=1 -v -timeout $(VM_TEST_TIMEOUT) -run '$(VM_CI_TESTS)' ./test/vm/
+
+test-vm-full: kubebin deb ## every VM test: also (d) upgrade mid-transition and (e) remove/purge
+	$(GO) test -tags $(TAGS) -count=1 -v -timeout $(VM_TEST_TIMEOUT) ./test/vm/
+
 demo: build kubebin ## the main job on an embedded local control plane, host actions simulated
 	$(GO) run -tags $(TAGS) ./hack/demo
 
-deb: ## dist/lifecycle-agent_<version>_amd64.deb
-	hack/build-deb.sh $(DEB_VERSION)
+deb: ## $(DIST)/lifecycle-agent_<version>_amd64.deb; DEB_VERSION=x.y.z, DIST=dir
+	DIST="$(DIST)" GO="$(GO)" hack/build-deb.sh $(DEB_VERSION)
+
+.PHONY: test-packaging
+test-packaging: ## build the .deb and check it: contents, lintian, systemd-analyze, maintainer scripts
+	$(GO) test -tags $(TAGS) -count=1 -v ./test/packaging/
 
 bench: build kubebin ## benchmarks; results go to docs/benchmarks.md
 	hack/bench.sh

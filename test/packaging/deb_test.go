@@ -1,0 +1,282 @@
+package packaging
+
+import (
+	"bytes"
+	"compress/gzip"
+	"context"
+	"errors"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestControlFields checks the package's control fields as dpkg and apt
+// show them.
+func TestControlFields(t *testing.T) {
+	deb := needDeb(t)
+	tests := []struct {
+		field string
+		want  *regexp.Regexp
+	}{
+		{"Package", regexp.MustCompile(`^lifecycle-agent$`)},
+		{"Version", regexp.MustCompile(`^` + regexp.QuoteMeta(testVersion) + `$`)},
+		{"Architecture", regexp.MustCompile(`^amd64$`)},
+		{"Section", regexp.MustCompile(`^admin$`)},
+		{"Priority", regexp.MustCompile(`^optional$`)},
+		{"Maintainer", regexp.MustCompile(`^.+ <[^@ ]+@[^@ ]+>$`)},
+		// libc6 as dpkg-shlibdeps computes it, systemd new enough for
+		// ProtectClock= without a device policy, a system bus for logind.
+		{"Depends", regexp.MustCompile(`^libc6 \(>= 2\.[0-9]+\), systemd \(>= 252\), default-dbus-system-bus \| dbus-system-bus$`)},
+		{"Homepage", regexp.MustCompile(`^https://`)},
+		{"Description", regexp.MustCompile(`^node lifecycle agent for Kubernetes .*\n .+`)},
+	}
+	for _, tc := range tests {
+		t.Run(tc.field, func(t *testing.T) {
+			got := strings.TrimRight(mustRun(t, "", "dpkg-deb", "--field", deb, tc.field), "\n")
+			if !tc.want.MatchString(got) {
+				t.Errorf("%s: %q does not match %s", tc.field, got, tc.want)
+			}
+		})
+	}
+}
+
+// debEntry is one line of dpkg-deb --contents.
+type debEntry struct {
+	mode  string // as ls prints it: -rwxr-xr-x
+	owner string // root/root
+	size  string
+}
+
+// contents lists the package's data archive by path (without the leading
+// ".", directories with a trailing "/").
+func contents(t *testing.T, deb string) map[string]debEntry {
+	t.Helper()
+	entries := map[string]debEntry{}
+	for _, line := range strings.Split(strings.TrimSpace(mustRun(t, "", "dpkg-deb", "--contents", deb)), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 6 {
+			t.Fatalf("dpkg-deb --contents: odd line %q", line)
+		}
+		entries[strings.TrimPrefix(f[5], ".")] = debEntry{mode: f[0], owner: f[1], size: f[2]}
+	}
+	return entries
+}
+
+// pluginBuilt reports whether the kubectl plugin has sources, in which case
+// build-deb.sh builds and ships it.
+func pluginBuilt(t *testing.T) bool {
+	m, err := filepath.Glob(filepath.Join(repoRoot, "cmd/kubectl-lifecycle/*.go"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(m) > 0
+}
+
+// TestContents checks every file an administrator relies on, with its mode
+// and owner.
+func TestContents(t *testing.T) {
+	deb := needDeb(t)
+	got := contents(t, deb)
+
+	want := map[string]string{ // path: mode
+		"/usr/bin/lifecycle-agent":                               "-rwxr-xr-x",
+		"/lib/systemd/system/lifecycle-agent.service":            "-rw-r--r--",
+		"/etc/lifecycle-agent/":                                  "drwxr-xr-x",
+		"/etc/lifecycle-agent/config.yaml":                       "-rw-------",
+		"/etc/systemd/logind.conf.d/":                            "drwxr-xr-x",
+		"/usr/share/man/man8/lifecycle-agent.8.gz":               "-rw-r--r--",
+		"/usr/share/man/man8/lifecycle-agent-run.8.gz":           "-rw-r--r--",
+		"/usr/share/man/man8/lifecycle-agent-doctor.8.gz":        "-rw-r--r--",
+		"/usr/share/bash-completion/completions/lifecycle-agent": "-rw-r--r--",
+		"/usr/share/doc/lifecycle-agent/copyright":               "-rw-r--r--",
+		"/usr/share/doc/lifecycle-agent/changelog.gz":            "-rw-r--r--",
+		"/usr/share/lintian/overrides/lifecycle-agent":           "-rw-r--r--",
+	}
+	if pluginBuilt(t) {
+		want["/usr/bin/kubectl-lifecycle"] = "-rwxr-xr-x"
+	} else if _, ok := got["/usr/bin/kubectl-lifecycle"]; ok {
+		t.Errorf("/usr/bin/kubectl-lifecycle shipped, but cmd/kubectl-lifecycle has no sources")
+	}
+	for path, mode := range want {
+		e, ok := got[path]
+		if !ok {
+			t.Errorf("%s: missing from the package", path)
+			continue
+		}
+		if e.mode != mode {
+			t.Errorf("%s: mode %s, want %s", path, e.mode, mode)
+		}
+	}
+	for path, e := range got {
+		if e.owner != "root/root" {
+			t.Errorf("%s: owner %s, want root/root", path, e.owner)
+		}
+		// State and runtime directories belong to the unit
+		// (StateDirectory=, RuntimeDirectory=), not to the package.
+		if strings.HasPrefix(path, "/var/") || strings.HasPrefix(path, "/run/") {
+			t.Errorf("%s: the package must not ship anything under /var or /run", path)
+		}
+	}
+
+	// A man page for every program (Debian policy 12.1).
+	for path := range got {
+		dir, name := filepath.Split(path)
+		if dir != "/usr/bin/" || name == "" {
+			continue
+		}
+		_, in1 := got["/usr/share/man/man1/"+name+".1.gz"]
+		_, in8 := got["/usr/share/man/man8/"+name+".8.gz"]
+		if !in1 && !in8 {
+			t.Errorf("%s has no man page in man1 or man8", path)
+		}
+	}
+}
+
+// TestConffiles checks that dpkg treats the config as a conffile (local
+// edits survive upgrades, purge removes it) and nothing else.
+func TestConffiles(t *testing.T) {
+	deb := needDeb(t)
+	ctl := extractControl(t, deb)
+	if got, want := string(readFile(t, filepath.Join(ctl, "conffiles"))), "/etc/lifecycle-agent/config.yaml\n"; got != want {
+		t.Errorf("conffiles = %q, want %q", got, want)
+	}
+	md5sums := string(readFile(t, filepath.Join(ctl, "md5sums")))
+	for _, p := range []string{"usr/bin/lifecycle-agent", "etc/lifecycle-agent/config.yaml", "lib/systemd/system/lifecycle-agent.service"} {
+		if !strings.Contains(md5sums, "  "+p+"\n") {
+			t.Errorf("md5sums has no line for %s", p)
+		}
+	}
+}
+
+// TestShippedFiles checks that the files in the package are the ones in the
+// repository and what the shipped binary generates.
+func TestShippedFiles(t *testing.T) {
+	deb := needDeb(t)
+	root := extract(t, deb)
+	same := []struct{ inDeb, inRepo string }{
+		{"etc/lifecycle-agent/config.yaml", "packaging/config.yaml"},
+		{"lib/systemd/system/lifecycle-agent.service", "packaging/systemd/lifecycle-agent.service"},
+		{"usr/share/doc/lifecycle-agent/copyright", "packaging/deb/copyright"},
+		{"usr/share/lintian/overrides/lifecycle-agent", "packaging/deb/lintian-overrides"},
+	}
+	for _, s := range same {
+		if !bytes.Equal(readFile(t, filepath.Join(root, s.inDeb)), readFile(t, filepath.Join(repoRoot, s.inRepo))) {
+			t.Errorf("/%s differs from %s", s.inDeb, s.inRepo)
+		}
+	}
+
+	agent := filepath.Join(root, "usr/bin/lifecycle-agent")
+	completion := mustRun(t, "", agent, "completion", "bash")
+	if got := string(readFile(t, filepath.Join(root, "usr/share/bash-completion/completions/lifecycle-agent"))); got != completion {
+		t.Errorf("shipped bash completion differs from `lifecycle-agent completion bash`")
+	}
+	if !strings.Contains(completion, "complete ") || !strings.Contains(completion, "lifecycle-agent") {
+		t.Errorf("bash completion does not look like one:\n%.300s", completion)
+	}
+
+	// Man pages and changelog: gzip -9n (no name, no time stamp: the same
+	// tree gives the same bytes), and the man page is roff for section 8.
+	gz := []string{"usr/share/man/man8/lifecycle-agent.8.gz", "usr/share/doc/lifecycle-agent/changelog.gz"}
+	for _, p := range gz {
+		f, err := os.Open(filepath.Join(root, p))
+		if err != nil {
+			t.Fatal(err)
+		}
+		zr, err := gzip.NewReader(f)
+		if err != nil {
+			t.Fatalf("/%s: %v", p, err)
+		}
+		body, err := io.ReadAll(zr)
+		f.Close()
+		if err != nil {
+			t.Fatalf("/%s: %v", p, err)
+		}
+		if zr.Name != "" || !zr.ModTime.IsZero() {
+			t.Errorf("/%s: gzip header has name %q, time %v; want neither (gzip -n)", p, zr.Name, zr.ModTime)
+		}
+		switch {
+		case strings.HasSuffix(p, ".8.gz"):
+			if !regexp.MustCompile(`(?m)^\.TH "LIFECYCLE-AGENT" "8"`).Match(body) {
+				t.Errorf("/%s: no .TH header for section 8:\n%.200s", p, body)
+			}
+		default:
+			first := strings.SplitN(string(body), "\n", 2)[0]
+			if want := "lifecycle-agent (" + testVersion + ") "; !strings.HasPrefix(first, want) {
+				t.Errorf("/%s: first line %q, want it to start with %q", p, first, want)
+			}
+		}
+	}
+}
+
+// TestBinary runs the binary shipped in the package, and checks how it was
+// built: the kustomize tag, cgo and -trimpath, PIE, and never BIND_NOW
+// (which would make it die at start on go-nvml's unresolved symbols).
+func TestBinary(t *testing.T) {
+	deb := needDeb(t)
+	root := extract(t, deb)
+	agent := filepath.Join(root, "usr/bin/lifecycle-agent")
+
+	out := mustRun(t, "", agent, "--version")
+	if want := "lifecycle-agent " + testVersion + " (commit "; !strings.HasPrefix(out, want) {
+		t.Errorf("--version = %q, want it to start with %q", out, want)
+	}
+
+	bins := []string{agent}
+	if pluginBuilt(t) {
+		bins = append(bins, filepath.Join(root, "usr/bin/kubectl-lifecycle"))
+	}
+	for _, b := range bins {
+		dyn := mustRun(t, "", "readelf", "-d", "-W", b)
+		if regexp.MustCompile(`BIND_NOW|Flags:.*\bNOW\b`).MatchString(dyn) {
+			t.Errorf("%s is BIND_NOW:\n%s", filepath.Base(b), dyn)
+		}
+		if !regexp.MustCompile(`\(FLAGS_1\).*\bPIE\b`).MatchString(dyn) {
+			t.Errorf("%s is not PIE:\n%s", filepath.Base(b), dyn)
+		}
+		info := mustRun(t, "", "go", "version", "-m", b)
+		for _, want := range []string{"-tags=kustomize_disable_go_plugin_support", "CGO_ENABLED=1", "-trimpath=true", "-buildmode=pie"} {
+			if !strings.Contains(info, want) {
+				t.Errorf("%s: go version -m has no %q:\n%s", filepath.Base(b), want, info)
+			}
+		}
+	}
+}
+
+// TestLintian runs bookworm's lintian on the package: no error and no
+// warning. Intended findings are overridden, each with its reason, in
+// packaging/deb/lintian-overrides.
+func TestLintian(t *testing.T) {
+	deb := needDeb(t)
+	needTools(t, "lintian")
+	out, err := runIn(context.Background(), "", nil, 5*time.Minute,
+		"lintian", "--fail-on", "error,warning", "--display-level", ">=warning", deb)
+	if err != nil {
+		t.Fatalf("lintian: %v\n%s", err, out)
+	}
+	// lintian prints a note when run as root; anything else is a finding.
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		if line != "" && !strings.Contains(line, "running with root privileges") {
+			t.Errorf("lintian: %s", line)
+		}
+	}
+}
+
+// TestBadVersion checks that a version dpkg would refuse, or a Debian
+// revision on this native package, is refused before anything is built.
+func TestBadVersion(t *testing.T) {
+	if testing.Short() {
+		t.Skip("packaging tests are skipped in -short mode")
+	}
+	for _, v := range []string{"0.1.0-1", "v0.1.0", "0.1.0 beta"} {
+		out, err := runIn(context.Background(), repoRoot, []string{"DIST=" + t.TempDir()}, time.Minute, "hack/build-deb.sh", v)
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != 2 || !strings.Contains(string(out), "bad package version") {
+			t.Errorf("build-deb.sh %q: err %v, output %q; want exit 2 naming the bad version", v, err, out)
+		}
+	}
+}

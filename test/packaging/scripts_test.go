@@ -1,0 +1,260 @@
+package packaging
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+var maintainerScripts = []string{"postinst", "prerm", "postrm"}
+
+// TestMaintainerScriptsStatic checks the scripts as shipped: executable,
+// POSIX sh, parsed by sh -n and clean under shellcheck.
+func TestMaintainerScriptsStatic(t *testing.T) {
+	deb := needDeb(t)
+	needTools(t, "shellcheck")
+	ctl := extractControl(t, deb)
+	for _, name := range maintainerScripts {
+		t.Run(name, func(t *testing.T) {
+			path := filepath.Join(ctl, name)
+			st, err := os.Stat(path)
+			if err != nil {
+				t.Fatalf("the package has no %s: %v", name, err)
+			}
+			if st.Mode().Perm() != 0o755 {
+				t.Errorf("%s: mode %v, want 0755", name, st.Mode().Perm())
+			}
+			if first := strings.SplitN(string(readFile(t, path)), "\n", 2)[0]; first != "#!/bin/sh" {
+				t.Errorf("%s: first line %q, want #!/bin/sh", name, first)
+			}
+			mustRun(t, "", "sh", "-n", path)
+			mustRun(t, "", "shellcheck", "--shell=sh", path)
+		})
+	}
+}
+
+// harness runs one maintainer script with recording stubs of
+// deb-systemd-helper, deb-systemd-invoke and systemctl first in PATH, after
+// creating a journal, the agent's logind drop-in and the kubelet's. Mode
+// systemd and nosystemd run it in a private mount namespace (unshare) with
+// fresh tmpfs on /run, /var/lib and /etc/systemd, so nothing on the host is
+// seen or touched, with or without /run/systemd/system (how the scripts,
+// like debhelper's, tell that systemd is PID 1). Mode dpkgroot sets
+// DPKG_ROOT to a temporary directory instead (dpkg --root, no systemd
+// actions at all) and needs no namespace.
+const harness = `#!/bin/sh
+set -e
+mode=$1 script=$2
+shift 2
+r=
+if [ "$mode" = dpkgroot ]; then
+	r=$DPKG_ROOT
+else
+	mount -t tmpfs tmpfs /run
+	mount -t tmpfs tmpfs /var/lib
+	mount -t tmpfs tmpfs /etc/systemd
+	if [ "$mode" = systemd ]; then mkdir -p /run/systemd/system; fi
+fi
+files="var/lib/lifecycle-agent/journal.db etc/systemd/logind.conf.d/99-lifecycle-agent.conf etc/systemd/logind.conf.d/99-kubelet.conf"
+mkdir -p "$r/var/lib/lifecycle-agent" "$r/etc/systemd/logind.conf.d"
+for f in $files; do : >"$r/$f"; done
+"$script" "$@"
+for f in $files; do
+	if [ -e "$r/$f" ]; then echo "kept /$f" >>"$STUB_LOG"; else echo "removed /$f" >>"$STUB_LOG"; fi
+done
+`
+
+// stub records its command line; `deb-systemd-helper --quiet was-enabled`
+// answers from $STUB_WAS_ENABLED.
+const stub = `#!/bin/sh
+echo "${0##*/} $*" >>"$STUB_LOG"
+if [ "${0##*/} $1 $2" = "deb-systemd-helper --quiet was-enabled" ]; then
+	[ "$STUB_WAS_ENABLED" = yes ]
+fi
+`
+
+var (
+	unshareOnce sync.Once
+	unshareErr  error
+)
+
+// TestMaintainerScriptsBehaviour runs postinst, prerm and postrm for
+// install, upgrade, remove and purge, with systemd running and without
+// (a chroot or an image build), and checks which systemd helpers they call
+// and which files they leave. It uses deb-systemd-helper's, not dpkg's,
+// view: the real dpkg run on a systemd machine is in the VM tests.
+func TestMaintainerScriptsBehaviour(t *testing.T) {
+	deb := needDeb(t)
+	needTools(t, "unshare")
+	ctl := extractControl(t, deb)
+
+	stubs := t.TempDir()
+	for _, name := range []string{"deb-systemd-helper", "deb-systemd-invoke", "systemctl"} {
+		if err := os.WriteFile(filepath.Join(stubs, name), []byte(stub), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	harnessPath := filepath.Join(t.TempDir(), "harness.sh")
+	if err := os.WriteFile(harnessPath, []byte(harness), 0o755); err != nil {
+		t.Fatal(err)
+	}
+
+	const (
+		unmask     = "deb-systemd-helper unmask lifecycle-agent.service"
+		wasEnabled = "deb-systemd-helper --quiet was-enabled lifecycle-agent.service"
+		enable     = "deb-systemd-helper enable lifecycle-agent.service"
+		update     = "deb-systemd-helper update-state lifecycle-agent.service"
+		reload     = "systemctl --system daemon-reload"
+		start      = "deb-systemd-invoke start lifecycle-agent.service"
+		tryRestart = "deb-systemd-invoke try-restart lifecycle-agent.service"
+		stop       = "deb-systemd-invoke stop lifecycle-agent.service"
+		purge      = "deb-systemd-helper purge lifecycle-agent.service"
+		journal    = "/var/lib/lifecycle-agent/journal.db"
+		dropIn     = "/etc/systemd/logind.conf.d/99-lifecycle-agent.conf"
+	)
+	// postrm purge calls deb-systemd-helper only when it is installed, as
+	// debhelper's postrm does (init-system-helpers is Essential on Debian).
+	var purgeCalls []string
+	if _, err := os.Stat("/usr/bin/deb-systemd-helper"); err == nil {
+		purgeCalls = []string{purge}
+	}
+
+	tests := []struct {
+		name       string
+		mode       string // systemd, nosystemd, dpkgroot
+		script     string
+		args       []string
+		wasEnabled bool
+		wantCalls  []string
+		wantGone   []string // files removed; the others must be kept
+	}{
+		{
+			name: "install starts the agent", mode: "systemd",
+			script: "postinst", args: []string{"configure", ""}, wasEnabled: true,
+			wantCalls: []string{unmask, wasEnabled, enable, reload, start},
+		},
+		{
+			name: "upgrade restarts a running agent only", mode: "systemd",
+			script: "postinst", args: []string{"configure", "0.0.9"}, wasEnabled: true,
+			wantCalls: []string{unmask, wasEnabled, enable, reload, tryRestart},
+		},
+		{
+			name: "upgrade keeps the admin's disable", mode: "systemd",
+			script: "postinst", args: []string{"configure", "0.0.9"}, wasEnabled: false,
+			wantCalls: []string{unmask, wasEnabled, update, reload, tryRestart},
+		},
+		{
+			name: "install in a chroot enables without starting", mode: "nosystemd",
+			script: "postinst", args: []string{"configure", ""}, wasEnabled: true,
+			wantCalls: []string{unmask, wasEnabled, enable},
+		},
+		{
+			name: "install with dpkg --root enables without starting", mode: "dpkgroot",
+			script: "postinst", args: []string{"configure", ""}, wasEnabled: true,
+			wantCalls: []string{unmask, wasEnabled, enable},
+		},
+		{
+			name: "remove stops the agent and drops its logind drop-in", mode: "systemd",
+			script: "prerm", args: []string{"remove"},
+			wantCalls: []string{stop}, wantGone: []string{dropIn},
+		},
+		{
+			name: "upgrade leaves the old agent running", mode: "systemd",
+			script: "prerm", args: []string{"upgrade", "0.2.0"},
+		},
+		{
+			name: "remove in a chroot", mode: "nosystemd",
+			script: "prerm", args: []string{"remove"},
+			wantGone: []string{dropIn},
+		},
+		{
+			name: "remove with dpkg --root", mode: "dpkgroot",
+			script: "prerm", args: []string{"remove"},
+			wantGone: []string{dropIn},
+		},
+		{
+			name: "remove keeps the journal", mode: "systemd",
+			script: "postrm", args: []string{"remove"},
+			wantCalls: []string{reload},
+		},
+		{
+			name: "purge deletes the journal", mode: "systemd",
+			script: "postrm", args: []string{"purge"},
+			wantCalls: purgeCalls, wantGone: []string{journal},
+		},
+		{
+			name: "purge in a chroot", mode: "nosystemd",
+			script: "postrm", args: []string{"purge"},
+			wantCalls: purgeCalls, wantGone: []string{journal},
+		},
+		{
+			name: "purge with dpkg --root deletes under the root only", mode: "dpkgroot",
+			script: "postrm", args: []string{"purge"},
+			wantGone: []string{journal},
+		},
+		{
+			name: "postrm upgrade does nothing", mode: "systemd",
+			script: "postrm", args: []string{"upgrade", "0.2.0"},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			log := filepath.Join(t.TempDir(), "calls")
+			env := []string{
+				"PATH=" + stubs + ":/usr/sbin:/usr/bin:/sbin:/bin",
+				"STUB_LOG=" + log,
+				"STUB_WAS_ENABLED=" + map[bool]string{true: "yes", false: "no"}[tc.wasEnabled],
+				"DPKG_ROOT=",
+			}
+			argv := append([]string{harnessPath, tc.mode, filepath.Join(ctl, tc.script)}, tc.args...)
+			if tc.mode == "dpkgroot" {
+				env[len(env)-1] = "DPKG_ROOT=" + t.TempDir()
+			} else {
+				needUnshare(t)
+				argv = append([]string{"unshare", "--mount", "--propagation", "private", "sh"}, argv...)
+			}
+			out, err := runIn(context.Background(), "", env, time.Minute, argv[0], argv[1:]...)
+			if err != nil {
+				t.Fatalf("%s %s: %v\n%s", tc.script, strings.Join(tc.args, " "), err, out)
+			}
+			var calls, gone []string
+			for _, line := range strings.Split(strings.TrimSpace(string(readFile(t, log))), "\n") {
+				switch {
+				case strings.HasPrefix(line, "removed "):
+					gone = append(gone, strings.TrimPrefix(line, "removed "))
+				case strings.HasPrefix(line, "kept "):
+				default:
+					calls = append(calls, line)
+				}
+			}
+			if !slices.Equal(calls, tc.wantCalls) {
+				t.Errorf("calls:\n  %s\nwant:\n  %s", strings.Join(calls, "\n  "), strings.Join(tc.wantCalls, "\n  "))
+			}
+			if !slices.Equal(gone, tc.wantGone) {
+				t.Errorf("removed %q, want %q", gone, tc.wantGone)
+			}
+		})
+	}
+}
+
+// needUnshare skips the test when this machine cannot make a private mount
+// namespace (a container without CAP_SYS_ADMIN).
+func needUnshare(t *testing.T) {
+	t.Helper()
+	unshareOnce.Do(func() {
+		out, err := runIn(context.Background(), "", nil, time.Minute,
+			"unshare", "--mount", "--propagation", "private", "sh", "-c", "mount -t tmpfs tmpfs /run")
+		if err != nil {
+			unshareErr = fmt.Errorf("%w: %s", err, strings.TrimSpace(string(out)))
+		}
+	})
+	if unshareErr != nil {
+		t.Skipf("no private mount namespace here (%v); the VM tests cover this case", unshareErr)
+	}
+}
