@@ -110,11 +110,13 @@ func (e *Engine) runSteps(ctx context.Context, a *active) (journal.Outcome, stri
 		return journal.OutcomeFailed, "journal: " + err.Error()
 	}
 	last := map[string]journal.StepRecord{}
+	intents := map[string]journal.StepRecord{}
 	attempts := map[string]int{}
 	for _, r := range recs {
 		last[r.Step] = r
 		if r.Phase == journal.PhaseIntent {
 			attempts[r.Step] = r.Attempt
+			intents[r.Step] = r
 		}
 	}
 	if a.jstate == journal.EventClaimed {
@@ -124,7 +126,22 @@ func (e *Engine) runSteps(ctx context.Context, a *active) (journal.Outcome, stri
 	}
 	for i, s := range a.steps {
 		if r, ok := last[s.Name]; ok && r.Phase == journal.PhaseDone && (r.State == journal.StepDone || r.State == journal.StepSkipped) {
-			continue // done before a restart
+			// Done before a restart: the status says what the journal says
+			// (the snapshot it was resumed from may predate the step).
+			st := &a.status.Steps[i]
+			st.State = v1alpha1.StepDone
+			if r.State == journal.StepSkipped {
+				st.State = v1alpha1.StepSkipped
+			}
+			st.Attempt = int32(attempts[s.Name])
+			if in, ok := intents[s.Name]; ok {
+				st.StartTime = ptrTime(in.At)
+			}
+			st.FinishTime = ptrTime(r.At)
+			if r.Message != "" {
+				st.Message = r.Message
+			}
+			continue
 		}
 		if err := e.gate(ctx, a); err != nil {
 			return e.stopped(a, err)
@@ -134,7 +151,7 @@ func (e *Engine) runSteps(ctx context.Context, a *active) (journal.Outcome, stri
 				return e.stopped(a, err)
 			}
 		}
-		rt := &runtime{e: e, a: a}
+		rt := &stepRuntime{e: e, a: a}
 		// A step whose intent was committed but not its completion: ask the
 		// driver whether it took effect before doing it again.
 		if r, ok := last[s.Name]; ok && r.Phase == journal.PhaseIntent && s.Done != nil {
@@ -204,7 +221,7 @@ func lastWord(a *active) string {
 }
 
 // runStep is intent → commit → status → act → done → status for one step.
-func (e *Engine) runStep(ctx context.Context, a *active, i, attempt int, rt *runtime) error {
+func (e *Engine) runStep(ctx context.Context, a *active, i, attempt int, rt *stepRuntime) error {
 	s := a.steps[i]
 	now := e.cfg.Clock.Now()
 	if _, err := e.cfg.Journal.AppendStep(a.uid, journal.StepRecord{Step: s.Name, Phase: journal.PhaseIntent,
@@ -274,7 +291,7 @@ func (e *Engine) abort(ctx context.Context, a *active) {
 	if err := e.snapshot(a, journal.EventAborting); err != nil {
 		e.log.Error("journal abort", "event", a.name, "err", err)
 	}
-	rt := &runtime{e: e, a: a}
+	rt := &stepRuntime{e: e, a: a}
 	var err error
 	if ab, ok := a.driver.(drivers.Abortable); ok {
 		err = ab.Abort(ctx, rt)

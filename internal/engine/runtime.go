@@ -7,29 +7,29 @@ import (
 	"github.com/lifecycle-agent/lifecycle-agent/internal/journal"
 )
 
-func isConflict(err error) bool { return apierrors.IsConflict(err) }
-func isNotFound(err error) bool { return apierrors.IsNotFound(err) }
+func isConflict(err error) bool      { return apierrors.IsConflict(err) }
+func isNotFound(err error) bool      { return apierrors.IsNotFound(err) }
 func isAlreadyExists(err error) bool { return apierrors.IsAlreadyExists(err) }
 
 // runtime is what a step sees of the engine.
-type runtime struct {
+type stepRuntime struct {
 	e *Engine
 	a *active
 }
 
-func (r *runtime) EventName() string         { return r.a.name }
-func (r *runtime) Node() string              { return r.e.cfg.Node }
-func (r *runtime) BootID() string            { return r.e.cfg.Host.BootID() }
-func (r *runtime) Host() drivers.HostOps     { return r.e.cfg.Host }
-func (r *runtime) Params() map[string]string { return r.a.ev.Spec.Parameters }
-func (r *runtime) API() drivers.NodeAPI      { return r.e.cfg.API }
-func (r *runtime) Progress(msg string) {
+func (r *stepRuntime) EventName() string         { return r.a.name }
+func (r *stepRuntime) Node() string              { return r.e.cfg.Node }
+func (r *stepRuntime) BootID() string            { return r.e.cfg.Host.BootID() }
+func (r *stepRuntime) Host() drivers.HostOps     { return r.e.cfg.Host }
+func (r *stepRuntime) Params() map[string]string { return r.a.ev.Spec.Parameters }
+func (r *stepRuntime) API() drivers.NodeAPI      { return r.e.cfg.API }
+func (r *stepRuntime) Progress(msg string) {
 	r.a.status.Message = truncate(msg)
 	r.e.pushStatus(r.a)
 	r.e.log.Info("progress", "event", r.a.name, "step", r.a.status.CurrentStep, "message", msg)
 }
 
-func change(r *runtime, c drivers.Change) journal.Change {
+func change(r *stepRuntime, c drivers.Change) journal.Change {
 	kind := journal.ChangeCordon
 	if c.Kind == "annotation" {
 		kind = journal.ChangeAnnotation
@@ -37,16 +37,16 @@ func change(r *runtime, c drivers.Change) journal.Change {
 	return journal.Change{Kind: kind, Node: c.Key, EventUID: r.a.uid, Value: r.a.name}
 }
 
-func (r *runtime) Own(c drivers.Change) error {
+func (r *stepRuntime) Own(c drivers.Change) error {
 	_, err := r.e.cfg.Journal.AddOwned(change(r, c))
 	return err
 }
 
-func (r *runtime) Disown(c drivers.Change) error {
+func (r *stepRuntime) Disown(c drivers.Change) error {
 	return r.e.cfg.Journal.RemoveOwned(change(r, c).Key())
 }
 
-func (r *runtime) Owns(c drivers.Change) bool {
+func (r *stepRuntime) Owns(c drivers.Change) bool {
 	owned, err := r.e.cfg.Journal.Owned()
 	if err != nil {
 		return false

@@ -1,0 +1,165 @@
+package e2e
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/lifecycle-agent/lifecycle-agent/api/v1alpha1"
+	"github.com/lifecycle-agent/lifecycle-agent/internal/host/logindtest"
+	"github.com/lifecycle-agent/lifecycle-agent/internal/hostops"
+	"github.com/lifecycle-agent/lifecycle-agent/internal/journal"
+)
+
+func heldDelayLocks(s *logindtest.Server) []logindtest.Inhibitor {
+	var out []logindtest.Inhibitor
+	for _, in := range s.Inhibitors() {
+		if in.Mode == "delay" && in.What == "shutdown" && !in.Released {
+			out = append(out, in)
+		}
+	}
+	return out
+}
+
+func waitDelayLock(t *testing.T, s *logindtest.Server) logindtest.Inhibitor {
+	t.Helper()
+	var held []logindtest.Inhibitor
+	waitFor(t, "the agent's delay lock", 30*time.Second, func() bool {
+		held = heldDelayLocks(s)
+		return len(held) == 1
+	})
+	return held[0]
+}
+
+func shutdownConds(t *testing.T, node string) (lt, gns *corev1.NodeCondition, n *corev1.Node) {
+	n = getNode(t, node)
+	return nodeCondition(n, v1alpha1.NodeConditionLifecycleTransition), nodeCondition(n, v1alpha1.NodeConditionGracefulNodeShutdownInProgress), n
+}
+
+// The shutdown driver over a real (private) D-Bus with a test logind:
+// delay lock held; PrepareForShutdown(true) journals, posts ShuttingDown,
+// cordons and releases the lock; the next boot closes it out.
+func TestShutdownAndNextBoot(t *testing.T) {
+	node := "shutdown-node"
+	newNode(t, node)
+	srv := logindtest.Start(t, logindtest.Options{InhibitDelayMax: 30 * time.Second})
+	a := startAgent(t, node, agentOpts{retention: time.Hour, logind: srv.Address()})
+	lock := waitDelayLock(t, srv)
+
+	if err := srv.EmitPrepareForShutdown(true); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := srv.WaitReleased(ctx, lock.ID); err != nil {
+		t.Fatalf("the delay lock was not released after PrepareForShutdown(true): %v", err)
+	}
+	lt, gns, n := shutdownConds(t, node)
+	if lt == nil || lt.Reason != "ShuttingDown" || lt.Status != corev1.ConditionTrue || gns == nil || gns.Status != corev1.ConditionTrue {
+		t.Fatalf("conditions when the lock was released: LifecycleTransition=%+v GracefulNodeShutdownInProgress=%+v", lt, gns)
+	}
+	if !n.Spec.Unschedulable || n.Annotations[v1alpha1.AnnotationCordonedBy] != "shutdown" {
+		t.Fatalf("node not cordoned for the shutdown: %v %v", n.Spec.Unschedulable, n.Annotations)
+	}
+	a.stop(t)
+	doc := exportJournal(t, a.Journal)
+	if len(doc.Events) != 1 || doc.Events[0].Driver != "lifecycle-agent.x-k8s.io/shutdown" {
+		t.Fatalf("journal should hold the shutdown under way: %+v", doc.Events)
+	}
+
+	// "Reboot": a new (simulated) boot ID, then the agent starts again.
+	if err := os.WriteFile(filepath.Join(a.dir, hostops.SimulatedBootIDFile), []byte("3b0e3a3c-2f0b-4d9e-9a57-9f4c6b9d1e01\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	srv2 := logindtest.Start(t, logindtest.Options{InhibitDelayMax: 30 * time.Second})
+	startAgent(t, node, agentOpts{retention: time.Hour, logind: srv2.Address(), dir: a.dir})
+	waitFor(t, "ShutdownComplete and the node uncordoned", 30*time.Second, func() bool {
+		lt, gns, n := shutdownConds(t, node)
+		return lt != nil && lt.Reason == "ShutdownComplete" && lt.Status == corev1.ConditionFalse &&
+			gns != nil && gns.Status == corev1.ConditionFalse && !n.Spec.Unschedulable
+	})
+	waitDelayLock(t, srv2)
+}
+
+// PrepareForShutdown(false): the lock is taken again and the cordon reverted.
+func TestShutdownCancelled(t *testing.T) {
+	node := "shutdown-cancel-node"
+	newNode(t, node)
+	srv := logindtest.Start(t, logindtest.Options{InhibitDelayMax: 30 * time.Second})
+	startAgent(t, node, agentOpts{retention: time.Hour, logind: srv.Address()})
+	lock := waitDelayLock(t, srv)
+	if err := srv.EmitPrepareForShutdown(true); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := srv.WaitReleased(ctx, lock.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.EmitPrepareForShutdown(false); err != nil {
+		t.Fatal(err)
+	}
+	waitDelayLock(t, srv)
+	waitFor(t, "the cordon reverted", 30*time.Second, func() bool {
+		lt, gns, n := shutdownConds(t, node)
+		return !n.Spec.Unschedulable && lt != nil && lt.Reason == "ShutdownCancelled" && gns != nil && gns.Status == corev1.ConditionFalse
+	})
+}
+
+// With the API server down the journal is still written and the lock still
+// released within the budget; the cordon and conditions follow when the
+// server returns, and the next boot closes the shutdown out.
+func TestShutdownWhileAPIDown(t *testing.T) {
+	node := "shutdown-offline-node"
+	newNode(t, node)
+	srv := logindtest.Start(t, logindtest.Options{InhibitDelayMax: 30 * time.Second})
+	a := startAgent(t, node, agentOpts{retention: time.Hour, logind: srv.Address(), budget: 3 * time.Second})
+	lock := waitDelayLock(t, srv)
+	restart, err := env.StopProcess("kube-apiserver")
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if err := srv.EmitPrepareForShutdown(true); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	err = srv.WaitReleased(ctx, lock.ID)
+	took := time.Since(start)
+	a.stop(t)
+	doc := exportJournal(t, a.Journal)
+	if rerr := restart(context.Background()); rerr != nil {
+		t.Fatalf("restarting kube-apiserver: %v", rerr)
+	}
+	if err != nil {
+		t.Fatalf("the delay lock was not released with the API server down: %v", err)
+	}
+	if took > 5*time.Second {
+		t.Errorf("lock released after %s; the budget is 3s", took)
+	}
+	if len(doc.Events) != 1 || doc.Events[0].Driver != "lifecycle-agent.x-k8s.io/shutdown" || len(doc.Outbox) == 0 {
+		t.Fatalf("journal: events %+v outbox %d; want the shutdown and its queued conditions", doc.Events, len(doc.Outbox))
+	}
+	var sawIntent bool
+	for _, s := range doc.Events[0].Steps {
+		sawIntent = sawIntent || (s.Step == "shutdown" && s.Phase == journal.PhaseIntent)
+	}
+	if !sawIntent {
+		t.Fatalf("no shutdown intent in the journal: %+v", doc.Events[0].Steps)
+	}
+	if err := os.WriteFile(filepath.Join(a.dir, hostops.SimulatedBootIDFile), []byte("7c1d2e3f-0000-4000-8000-000000000002\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// The next boot has a fresh logind (the old one still says "preparing").
+	srv2 := logindtest.Start(t, logindtest.Options{InhibitDelayMax: 30 * time.Second})
+	startAgent(t, node, agentOpts{retention: time.Hour, logind: srv2.Address(), dir: a.dir})
+	waitFor(t, "the shutdown closed out after the API server returned", 60*time.Second, func() bool {
+		lt, _, n := shutdownConds(t, node)
+		return lt != nil && lt.Reason == "ShutdownComplete" && !n.Spec.Unschedulable
+	})
+}
