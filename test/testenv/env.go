@@ -34,6 +34,10 @@ type Options struct {
 	// Dir holds certificates, data and logs; empty means a new temp dir,
 	// removed by Stop.
 	Dir string
+	// AuditLog makes kube-apiserver write an audit log (JSON lines, level
+	// Metadata, stage ResponseComplete) of every pod create and delete and
+	// every eviction (pods/eviction create), at AuditLogPath.
+	AuditLog bool
 }
 
 // Env is a running control plane.
@@ -50,6 +54,7 @@ type Env struct {
 	stopOnce   sync.Once
 	etcdURL    string
 	adminToken string
+	auditLog   string
 }
 
 type proc struct {
@@ -178,7 +183,7 @@ func Start(ctx context.Context, opts Options) (_ *Env, err error) {
 	}
 	e.URL = fmt.Sprintf("https://127.0.0.1:%d", port)
 	pk := e.pki.dir
-	if err := e.start(ctx, "kube-apiserver", filepath.Join(bin, "kube-apiserver"),
+	apiArgs := []string{
 		"--etcd-servers", e.etcdURL,
 		"--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1", "--secure-port", strconv.Itoa(port),
 		"--endpoint-reconciler-type", "none",
@@ -193,7 +198,17 @@ func Start(ctx context.Context, opts Options) (_ *Env, err error) {
 		"--service-cluster-ip-range", "10.0.0.0/24",
 		"--profiling=false",
 		"--max-requests-inflight", "2000", "--max-mutating-requests-inflight", "1000",
-	); err != nil {
+	}
+	if opts.AuditLog {
+		policy := filepath.Join(e.Dir, "audit-policy.yaml")
+		if err := os.WriteFile(policy, []byte(auditPolicy), 0o600); err != nil {
+			return nil, err
+		}
+		e.auditLog = filepath.Join(e.Dir, "audit.log")
+		apiArgs = append(apiArgs, "--audit-policy-file", policy, "--audit-log-path", e.auditLog,
+			"--audit-log-format", "json", "--audit-log-mode", "blocking", "--audit-log-maxsize", "0")
+	}
+	if err := e.start(ctx, "kube-apiserver", filepath.Join(bin, "kube-apiserver"), apiArgs...); err != nil {
 		return nil, err
 	}
 	if err := e.waitHTTP(ctx, "kube-apiserver", e.URL+"/readyz", map[string]string{"Authorization": "Bearer " + e.adminToken},
@@ -356,5 +371,22 @@ func (e *Env) PIDs() map[string]int {
 	}
 	return m
 }
+
+// AuditLogPath is kube-apiserver's audit log (Options.AuditLog), or "".
+func (e *Env) AuditLogPath() string { return e.auditLog }
+
+// auditPolicy records pod creates and deletes and evictions, once each
+// (ResponseComplete), with their response codes.
+const auditPolicy = `apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: ["RequestReceived", "ResponseStarted"]
+rules:
+- level: Metadata
+  verbs: ["create", "delete", "deletecollection"]
+  resources:
+  - group: ""
+    resources: ["pods", "pods/eviction"]
+- level: None
+`
 
 var errNoToken = errors.New("testenv: no static token")
