@@ -1,7 +1,8 @@
 # lifecycle-agent — see README.md. Every Go build and test uses the tag
 # kustomize_disable_go_plugin_support: without it a binary that links both
-# go-nvml and k8s.io/kubectl/pkg/drain dies at start (BIND_NOW, see
-# docs/design-notes.md).
+# go-nvml and k8s.io/kubectl/pkg/drain dies at start (the plugin package
+# makes the linker use BIND_NOW, and go-nvml's symbols resolve only at
+# nvml.Init).
 SHELL := /bin/bash
 GO ?= go
 TAGS := kustomize_disable_go_plugin_support
@@ -26,7 +27,7 @@ build: ## the agent and the kubectl plugin into bin/
 
 generate: ## deepcopy and CRDs (controller-gen, pinned in hack/tools)
 	cd hack/tools && $(GO) tool controller-gen object:headerFile=/dev/null crd paths=../../api/... output:crd:dir=../../deploy/crds
-	$(GO) run -tags $(TAGS) ./internal/config/gen-docs > docs/configuration.md.tmp && mv docs/configuration.md.tmp docs/configuration.md || rm -f docs/configuration.md.tmp
+	$(GO) run -tags $(TAGS) ./internal/config/gen-docs
 
 kubebin: ## build (cached) the test control plane: kube-apiserver, etcd, kube-controller-manager
 	hack/kubebin.sh

@@ -113,6 +113,10 @@ func runRequest(ctx context.Context, e *env, o requestOptions) error {
 	last := ""
 	for {
 		v, err := daemon.EventViaSocket(ctx, e.cfg.SocketPath, res.Event)
+		var gone *daemon.ErrGone
+		if errors.As(err, &gone) {
+			return &exitError{code: exitRequestFailed, err: errors.New(gone.Msg)}
+		}
 		if err == nil {
 			st := v.Status
 			line := string(st.ClaimStatus) + " " + st.CurrentStep + " " + st.Message

@@ -252,6 +252,10 @@ func serve(ctx context.Context, cfg *config.Config, reg *prometheus.Registry, en
 		out := EventView{Name: name, Queued: eng.Queued(name)}
 		if !out.Queued {
 			ev, err := eng.Event(r.Context(), name)
+			if apiclient.IsNotFound(err) {
+				writeErr(w, http.StatusNotFound, fmt.Sprintf("event %s is gone: cancelled, or deleted after it ended (eventRetention)", name))
+				return
+			}
 			if err != nil {
 				writeErr(w, http.StatusBadGateway, err.Error())
 				return
@@ -323,6 +327,11 @@ func socketClient(socket string) *http.Client {
 	}}, Timeout: 30 * time.Second}
 }
 
+// ErrGone says the event no longer exists.
+type ErrGone struct{ Msg string }
+
+func (e *ErrGone) Error() string { return e.Msg }
+
 // ErrRefused is an error the agent returned for a bad request.
 type ErrRefused struct{ Msg string }
 
@@ -361,6 +370,9 @@ func EventViaSocket(ctx context.Context, socket, name string) (EventView, error)
 	if resp.StatusCode != http.StatusOK {
 		var eb errorBody
 		_ = json.NewDecoder(resp.Body).Decode(&eb)
+		if resp.StatusCode == http.StatusNotFound {
+			return v, &ErrGone{Msg: eb.Error}
+		}
 		return v, fmt.Errorf("agent: %s", eb.Error)
 	}
 	return v, json.NewDecoder(resp.Body).Decode(&v)

@@ -2,6 +2,8 @@ package apiclient
 
 import (
 	"fmt"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"net/http"
 	"time"
 
@@ -64,3 +66,6 @@ func (c *Client) Config() *rest.Config { return rest.CopyConfig(c.restCfg) }
 // RestConfig is client-go's rest.Config, named here so that packages outside
 // apiclient can pass one along without importing client-go.
 type RestConfig = rest.Config
+
+// IsNotFound reports whether err is the API server's 404.
+func IsNotFound(err error) bool { return apierrors.IsNotFound(err) }

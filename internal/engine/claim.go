@@ -96,10 +96,13 @@ func (e *Engine) claim(ctx context.Context, cached *v1alpha1.LifecycleEvent) (*a
 			sla = lt.Spec.Sla.Duration
 		}
 		t := metav1.NewTime(now)
-		deadline := metav1.NewTime(now.Add(sla))
+		var deadline *metav1.Time
+		if sla > 0 {
+			deadline = ptrTime(now.Add(sla))
+		}
 		a.status = v1alpha1.LifecycleEventStatus{
 			ClaimStatus: v1alpha1.LifecycleEventClaimed,
-			Sla:         &deadline,
+			Sla:         deadline,
 			Driver:      v1alpha1.LifecycleDriverStatus{Name: d.Name(), Start: d.Start(), End: d.End()},
 			Holder:      &v1alpha1.Holder{Identity: e.cfg.Identity, BootID: e.cfg.Host.BootID(), ClaimTime: &t, RenewTime: &t},
 			Message:     "claimed by " + e.cfg.Identity,

@@ -79,7 +79,7 @@ func New(cfg Config) (*Engine, error) {
 	if cfg.Metrics == nil {
 		cfg.Metrics = NewMetrics(nil)
 	}
-	e := &Engine{cfg: cfg, log: cfg.Log.With("node", cfg.Node), drivers: map[string]drivers.Driver{},
+	e := &Engine{cfg: cfg, log: cfg.Log, drivers: map[string]drivers.Driver{},
 		wake: make(chan struct{}, 1), flushWake: make(chan struct{}, 1)}
 	for _, d := range cfg.Drivers {
 		e.drivers[d.Name()] = d
@@ -211,13 +211,16 @@ func (e *Engine) publish(ctx context.Context) error {
 	}
 	var want []v1alpha1.LifecycleTransition
 	for _, d := range e.cfg.Drivers {
-		sla := metav1.Duration{Duration: d.SLA()}
 		nodeName := e.cfg.Node
-		want = append(want, v1alpha1.LifecycleTransition{
+		t := v1alpha1.LifecycleTransition{
 			ObjectMeta: metav1.ObjectMeta{Name: TransitionName(e.cfg.Node, d)},
 			Spec: v1alpha1.LifecycleTransitionSpec{Start: v1alpha1.StateName(d.Start()), End: v1alpha1.StateName(d.End()),
-				NodeName: &nodeName, Sla: &sla, Driver: d.Name()},
-		})
+				NodeName: &nodeName, Driver: d.Name()},
+		}
+		if d.SLA() > 0 { // 0: no deadline (an exec driver without sla)
+			t.Spec.Sla = &metav1.Duration{Duration: d.SLA()}
+		}
+		want = append(want, t)
 	}
 	return e.cfg.API.PublishTransitions(ctx, node, want)
 }

@@ -505,8 +505,15 @@ func (e *Engine) flushLoop(ctx context.Context) {
 		e.cfg.Metrics.OutboxDepth.Set(float64(len(pending)))
 		if err == nil && len(pending) > 0 {
 			if err := e.deliver(ctx, pending[0]); err != nil {
+				if !isTransient(err) && ctx.Err() == nil {
+					// The server refuses this write for good (e.g. invalid):
+					// drop it rather than hold back every later one.
+					e.log.Warn("outbox: the API server refused a write; dropping it", "seq", pending[0].Seq, "kind", pending[0].Kind.String(), "err", err)
+					_ = e.cfg.Journal.OutboxAck(pending[0].Seq)
+					continue
+				}
 				fails++
-				e.log.Debug("outbox delivery failed; will retry", "seq", pending[0].Seq, "err", err)
+				e.log.Info("outbox delivery failed; will retry", "seq", pending[0].Seq, "depth", len(pending), "err", err)
 				if !e.sleep(ctx, backoff(fails)) {
 					return
 				}
