@@ -138,6 +138,11 @@ func (e *Engine) claim(ctx context.Context, cached *v1alpha1.LifecycleEvent) (*a
 	if err := e.snapshot(a, journal.EventClaimed); err != nil {
 		return nil, err
 	}
+	if adopt {
+		if err := e.rebuildSteps(a); err != nil {
+			return nil, err
+		}
+	}
 	if planErr != nil {
 		// Bad parameters: claimed, then failed with the reason; nothing was done.
 		a.failNow = planErr
@@ -227,3 +232,38 @@ func isTransient(err error) bool {
 }
 
 var _ = drivers.Prefix
+
+// rebuildSteps seeds the journal of an adopted event (claimed by this
+// agent's identity, but not in its journal: the journal was lost or moved
+// aside as corrupt) from the status the API holds, so that no step is
+// repeated without proof: a step the status says is Done is recorded done;
+// a step it says is Running gets an intent with the boot ID of the claim,
+// so the step's Done check decides on replay (a reboot is done when the
+// boot ID changed).
+func (e *Engine) rebuildSteps(a *active) error {
+	boot := ""
+	if a.status.Holder != nil {
+		boot = a.status.Holder.BootID
+	}
+	for _, st := range a.status.Steps {
+		if st.State != v1alpha1.StepDone && st.State != v1alpha1.StepRunning {
+			continue
+		}
+		attempt := int(st.Attempt)
+		if attempt < 1 {
+			attempt = 1
+		}
+		if _, err := e.cfg.Journal.AppendStep(a.uid, journal.StepRecord{Step: st.Name, Phase: journal.PhaseIntent,
+			State: journal.StepRunning, Attempt: attempt, BootID: boot, Message: "rebuilt from the event's status"}); err != nil {
+			return err
+		}
+		if st.State == v1alpha1.StepDone {
+			if _, err := e.cfg.Journal.AppendStep(a.uid, journal.StepRecord{Step: st.Name, Phase: journal.PhaseDone,
+				State: journal.StepDone, Attempt: attempt, BootID: boot, Message: "rebuilt from the event's status"}); err != nil {
+				return err
+			}
+		}
+	}
+	e.log.Info("adopted an event this agent had claimed; steps rebuilt from its status", "event", a.name)
+	return nil
+}

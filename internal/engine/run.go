@@ -505,9 +505,11 @@ func (e *Engine) flushLoop(ctx context.Context) {
 		e.cfg.Metrics.OutboxDepth.Set(float64(len(pending)))
 		if err == nil && len(pending) > 0 {
 			if err := e.deliver(ctx, pending[0]); err != nil {
-				if !isTransient(err) && ctx.Err() == nil {
-					// The server refuses this write for good (e.g. invalid):
-					// drop it rather than hold back every later one.
+				if isInvalid(err) && ctx.Err() == nil {
+					// The server refuses this write for good (422/400): drop
+					// it rather than hold back every later one. Anything else
+					// (403 while a restarted server's authorizer warms up,
+					// conflicts, outages) is retried.
 					e.log.Warn("outbox: the API server refused a write; dropping it", "seq", pending[0].Seq, "kind", pending[0].Kind.String(), "err", err)
 					_ = e.cfg.Journal.OutboxAck(pending[0].Seq)
 					continue

@@ -10,6 +10,7 @@ import (
 func isConflict(err error) bool      { return apierrors.IsConflict(err) }
 func isNotFound(err error) bool      { return apierrors.IsNotFound(err) }
 func isAlreadyExists(err error) bool { return apierrors.IsAlreadyExists(err) }
+func isInvalid(err error) bool       { return apierrors.IsInvalid(err) || apierrors.IsBadRequest(err) }
 
 // runtime is what a step sees of the engine.
 type stepRuntime struct {

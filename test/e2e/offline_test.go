@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bytes"
+	"os"
 	"context"
 	"encoding/json"
 	"strings"
@@ -105,4 +106,44 @@ func exportJournal(t *testing.T, path string) journal.ExportDoc {
 		t.Fatal(err)
 	}
 	return doc
+}
+
+// A lost journal (moved aside as corrupt, or deleted): the agent adopts the
+// event it had claimed and rebuilds its steps from the event's status, so a
+// step that was done is not repeated.
+func TestLostJournalAdoptsWithoutRepeating(t *testing.T) {
+	node := "lostjournal-node"
+	newNode(t, node)
+	g := newGateDriver("twostep", false, "one", "two")
+	a := startAgent(t, node, agentOpts{retention: time.Hour, extra: []drivers.Driver{g}})
+	waitFor(t, "transitions", 30*time.Second, func() bool {
+		_, err := clients(t, env.AdminConfig()).Transitions.Get(context.Background(), transitionName(node, "twostep"), metav1.GetOptions{})
+		return err == nil
+	})
+	createEvent(t, "lost-1", node, transitionName(node, "twostep"), nil, nil)
+	g.open("one")
+	lc := clients(t, env.AdminConfig())
+	waitFor(t, "step one done and two running in the status", 30*time.Second, func() bool {
+		ev, err := lc.Events.Get(context.Background(), "lost-1", metav1.GetOptions{})
+		return err == nil && stepStates(ev) == "one=Done,two=Running"
+	})
+	a.stop(t)
+	if err := os.Remove(a.Journal); err != nil {
+		t.Fatal(err)
+	}
+	g2 := newGateDriver("twostep", false, "one", "two")
+	g2.open("two") // "one" stays shut: running it again would hang the event
+	startAgent(t, node, agentOpts{retention: time.Hour, extra: []drivers.Driver{g2}, dir: a.dir})
+	ev := waitEvent(t, "lost-1", time.Minute)
+	if ev.Status.ClaimStatus != v1alpha1.LifecycleEventSucceeded || stepStates(ev) != "one=Done,two=Done" {
+		t.Fatalf("got %s %s (%s)", ev.Status.ClaimStatus, ev.Status.Message, stepStates(ev))
+	}
+	select {
+	case s := <-g2.ran:
+		if s != "two" {
+			t.Fatalf("after the journal was lost, step %s ran again", s)
+		}
+	default:
+		t.Fatal("step two never ran")
+	}
 }
