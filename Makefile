@@ -36,8 +36,9 @@ lint: ## gofmt + go vet
 	@bad=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$bad" ]; then echo "gofmt needed:"; echo "$$bad"; exit 1; fi
 	$(GO) vet -tags $(TAGS) ./...
 
-test: lint kubebin ## everything: lint, unit, real-apiserver, D-Bus and VM tests
-	$(GO) test -tags $(TAGS) $(GOFLAGS_TEST) -timeout $(TEST_TIMEOUT) ./...
+test: lint kubebin ## everything: lint, unit, real-apiserver, D-Bus, packaging and VM tests
+	$(GO) test -tags $(TAGS) $(GOFLAGS_TEST) -timeout $(TEST_TIMEOUT) $$($(GO) list -tags $(TAGS) ./... | grep -v /test/vm$$)
+	$(MAKE) test-vm
 
 test-unit: ## only the fast tests (no control plane)
 	$(GO) test -tags $(TAGS) -short ./...
@@ -67,6 +68,11 @@ test-packaging: ## build the .deb and check it: contents, lintian, systemd-analy
 
 bench: build kubebin ## benchmarks; results go to docs/benchmarks.md
 	hack/bench.sh
+
+.PHONY: bench-ci
+bench-ci: kubebin ## CI regression benchmarks: claim latency and journal commit (go test -bench, < 2 min, no timing assertions)
+	$(GO) test -tags $(TAGS) -count=1 -run '^$$' -bench '^BenchmarkClaimLatency$$' -benchtime 40x -timeout 5m ./bench/
+	$(GO) test -tags $(TAGS) -count=1 -run '^$$' -bench '^BenchmarkJournalCommit$$' -benchtime 2000x -timeout 5m ./bench/
 
 clean:
 	rm -rf bin dist

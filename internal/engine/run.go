@@ -157,6 +157,7 @@ func (e *Engine) runSteps(ctx context.Context, a *active) (journal.Outcome, stri
 		if r, ok := last[s.Name]; ok && r.Phase == journal.PhaseIntent && s.Done != nil {
 			done, err := s.Done(ctx, rt, r.BootID)
 			if err == nil && done {
+				a.status.Steps[i].StartTime = ptrTime(r.At) // when the intent was committed
 				if err := e.stepDone(a, i, attempts[s.Name], "found done on replay"); err != nil {
 					return journal.OutcomeFailed, err.Error()
 				}

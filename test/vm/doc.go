@@ -1,0 +1,38 @@
+// Package vm boots a real Debian bookworm systemd VM under QEMU and drives it
+// for the agent's host-integration tests: install the .deb, reboot through
+// logind, power off gracefully, cut the power (QMP system_reset) at chosen
+// points of a transition, upgrade the package mid-transition, remove and
+// purge it.
+//
+// The image comes from hack/vm/build-image.sh (debootstrap, cached outside
+// the clone by a stamp of its inputs; ~3 min cold, 0 s warm) and every Start
+// boots a fresh qcow2 overlay on it through hack/vm/run-vm.sh launch, so the
+// cached image is never dirtied. /dev/kvm is not usable on the development
+// and CI machines: QEMU runs under TCG, a boot takes 12-25 s.
+//
+// Network: QEMU user networking with restrict=on. The guest reaches exactly
+// two things: its own sshd from the host (hostfwd 127.0.0.1:<random> -> :22)
+// and, when Options.APIForward is set, the host's test kube-apiserver on
+// 127.0.0.1 through guestfwd 10.0.2.100:6443 (hack/vm/relay, one process per
+// connection). The image's /etc/hosts names 10.0.2.100 `kubernetes`, a DNS
+// name in the test apiserver's serving certificate (test/testenv), so the
+// guest's kubeconfig says https://kubernetes:6443 and TLS verifies normally.
+//
+// Every test's run directory (serial console log, QEMU log, relay log, the
+// control plane's logs, the guest's journal on failure) is kept and printed
+// when the test fails, and removed when it passes. LIFECYCLE_AGENT_VM_KEEP=1
+// keeps it always.
+//
+// Nothing here skips: missing host tools fail the test with the Debian
+// packages to install; a missing .deb fails the scenario tests with "run
+// make deb". Only -short skips, saying so.
+//
+// Environment:
+//
+//	VM_CACHE_DIR                image cache (default ~/.cache/lifecycle-agent/vm)
+//	VM_BOOT_TIMEOUT             seconds to wait for a boot (default 300)
+//	VM_MEM, VM_SMP, VM_ACCEL    passed to run-vm.sh
+//	LIFECYCLE_AGENT_DEB         the package under test (default: the newest dist/lifecycle-agent_*_amd64.deb)
+//	LIFECYCLE_AGENT_VM_DIR      parent of the run directories (default $TMPDIR)
+//	LIFECYCLE_AGENT_VM_KEEP     1: keep run directories of passing tests too
+package vm
