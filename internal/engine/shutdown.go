@@ -25,11 +25,16 @@ const (
 
 func (e *Engine) shutdownUID(bootID string) string { return "local-shutdown-" + bootID }
 
-func (e *Engine) shutdownConditions(reason string, status corev1.ConditionStatus, inProgress corev1.ConditionStatus, msg string) []apiclient.NodeCondition {
-	return []apiclient.NodeCondition{
-		{Type: v1alpha1.NodeConditionLifecycleTransition, Status: status, Reason: reason, Message: msg},
-		{Type: v1alpha1.NodeConditionGracefulNodeShutdownInProgress, Status: inProgress, Reason: reason, Message: msg},
+// shutdownConditions are the Node conditions of the shutdown driver. When
+// the shutdown comes from an event's own step (the reboot driver), that
+// event owns the LifecycleTransition condition: only
+// GracefulNodeShutdownInProgress is written.
+func (e *Engine) shutdownConditions(reason string, status corev1.ConditionStatus, inProgress corev1.ConditionStatus, msg string, eventOwnsLT bool) []apiclient.NodeCondition {
+	conds := []apiclient.NodeCondition{{Type: v1alpha1.NodeConditionGracefulNodeShutdownInProgress, Status: inProgress, Reason: reason, Message: msg}}
+	if !eventOwnsLT {
+		conds = append(conds, apiclient.NodeCondition{Type: v1alpha1.NodeConditionLifecycleTransition, Status: status, Reason: reason, Message: msg})
 	}
+	return conds
 }
 
 // PrepareShutdown runs the shutdown driver's steps within ctx's deadline
@@ -43,8 +48,14 @@ func (e *Engine) PrepareShutdown(ctx context.Context) error {
 	boot := e.cfg.Host.BootID()
 	uid := e.shutdownUID(boot)
 	name := fmt.Sprintf("shutdown-%s-%s", e.cfg.Node, short(boot))
+	attrs := map[string]string{"bootID": boot, "local": "true"}
+	e.mu.Lock()
+	if e.current != nil {
+		attrs["during"] = e.current.name // e.g. the reboot driver's own reboot
+	}
+	e.mu.Unlock()
 	if err := e.cfg.Journal.PutEvent(journal.EventRecord{UID: uid, Name: name, Driver: ShutdownDriver, State: journal.EventRunning,
-		Attrs: map[string]string{"bootID": boot, "local": "true"}}); err != nil {
+		Attrs: attrs}); err != nil {
 		return fmt.Errorf("engine: journal shutdown: %w", err)
 	}
 	if _, err := e.cfg.Journal.AppendStep(uid, journal.StepRecord{Step: "shutdown", Phase: journal.PhaseIntent,
@@ -57,7 +68,7 @@ func (e *Engine) PrepareShutdown(ctx context.Context) error {
 	}
 	e.setState("shutting down", "event", name)
 	msg := fmt.Sprintf("Lifecycle Transition 'shutdown' (event %s): the node is shutting down", name)
-	conds := e.shutdownConditions(shutdownStart, corev1.ConditionTrue, corev1.ConditionTrue, msg)
+	conds := e.shutdownConditions(shutdownStart, corev1.ConditionTrue, corev1.ConditionTrue, msg, attrs["during"] != "")
 	raw, _ := json.Marshal(nodePayload{Conditions: conds})
 	if _, err := e.cfg.Journal.OutboxPush(journal.OutboxEntry{UID: uid, Kind: journal.OutboxNodeCondition, Payload: raw}); err != nil {
 		e.log.Error("outbox push", "event", name, "err", err)
@@ -108,7 +119,7 @@ func (e *Engine) closeOutShutdowns(ctx context.Context) {
 			continue
 		}
 		msg := fmt.Sprintf("Lifecycle Transition 'shutdown' (event %s): node restarted after a shutdown; kept cordoned until lifecycle-agent closes it out", r.Name)
-		_ = e.cfg.API.SetNodeConditions(ctx, e.cfg.Clock.Now(), e.shutdownConditions(shutdownStart, corev1.ConditionTrue, corev1.ConditionFalse, msg)...)
+		_ = e.cfg.API.SetNodeConditions(ctx, e.cfg.Clock.Now(), e.shutdownConditions(shutdownStart, corev1.ConditionTrue, corev1.ConditionFalse, msg, r.Attrs["during"] != "")...)
 		for ctx.Err() == nil {
 			if err := e.closeShutdown(ctx, r, shutdownEnd, journal.OutcomeSucceeded, "shutdown complete; node back"); err == nil {
 				break
@@ -138,7 +149,7 @@ func (e *Engine) closeShutdown(ctx context.Context, r journal.EventRecord, reaso
 		}
 		_ = e.cfg.Journal.RemoveOwned(journal.Change{Kind: journal.ChangeCordon, Node: e.cfg.Node, Name: shutdownOwner}.Key())
 	}
-	conds := e.shutdownConditions(reason, corev1.ConditionFalse, corev1.ConditionFalse, msg)
+	conds := e.shutdownConditions(reason, corev1.ConditionFalse, corev1.ConditionFalse, msg, r.Attrs["during"] != "")
 	// Through the outbox too: it supersedes a ShuttingDown entry still queued
 	// from before the shutdown, so that can never be delivered after this.
 	raw, _ := json.Marshal(nodePayload{Conditions: conds})
