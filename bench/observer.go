@@ -1,0 +1,233 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"regexp"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
+
+	"github.com/lifecycle-agent/lifecycle-agent/api/v1alpha1"
+)
+
+// Observer timestamps, at this client, what the agents make visible through
+// the API server: the first time each event is seen claimed (a watch on
+// LifecycleEvents, as admin) and the first time a Node's LifecycleTransition
+// condition names the event (a watch on Nodes). Watch delivery is part of
+// every figure, as it is for anyone who waits on an agent.
+type Observer struct {
+	mu      sync.Mutex
+	changed chan struct{}
+	claimed map[string]time.Time
+	cond    map[string]time.Time
+	gone    map[string]time.Time
+	final   map[string]string // last claimStatus and message seen
+	steps   map[string]int    // len(status.steps) last seen
+	nodeFn  func(n *corev1.Node, at time.Time)
+}
+
+var eventInMessage = regexp.MustCompile(`\(event ([^)]+)\)`)
+
+// Observe starts both watches; they end with ctx. nodeFn, if not nil, sees
+// every node update too.
+func (e *Env) Observe(ctx context.Context, nodeFn func(n *corev1.Node, at time.Time)) (*Observer, error) {
+	o := &Observer{changed: make(chan struct{}), claimed: map[string]time.Time{}, cond: map[string]time.Time{},
+		gone: map[string]time.Time{}, final: map[string]string{}, steps: map[string]int{}, nodeFn: nodeFn}
+	evs, err := e.LC.Events.List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, err
+	}
+	nodes, err := e.Core.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, err
+	}
+	go watchLoop(ctx, evs.ResourceVersion, func(rv string) (watch.Interface, error) {
+		return e.LC.Events.Watch(ctx, metav1.ListOptions{ResourceVersion: rv, AllowWatchBookmarks: true})
+	}, o.onEvent)
+	go watchLoop(ctx, nodes.ResourceVersion, func(rv string) (watch.Interface, error) {
+		return e.Core.CoreV1().Nodes().Watch(ctx, metav1.ListOptions{ResourceVersion: rv, AllowWatchBookmarks: true})
+	}, o.onNode)
+	return o, nil
+}
+
+// watchLoop keeps a watch open from rv, re-opening it where it ended.
+func watchLoop(ctx context.Context, rv string, open func(rv string) (watch.Interface, error), handle func(watch.EventType, runtime.Object, time.Time)) {
+	for ctx.Err() == nil {
+		w, err := open(rv)
+		if err != nil {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
+			continue
+		}
+		for ev := range w.ResultChan() {
+			at := time.Now()
+			if ev.Type == watch.Error {
+				rv = "" // too old: start again from now
+				break
+			}
+			if m, err := metaRV(ev.Object); err == nil && m != "" {
+				rv = m
+			}
+			if ev.Type == watch.Added || ev.Type == watch.Modified || ev.Type == watch.Deleted {
+				handle(ev.Type, ev.Object, at)
+			}
+		}
+		w.Stop()
+	}
+}
+
+func metaRV(o runtime.Object) (string, error) {
+	type rvGetter interface{ GetResourceVersion() string }
+	if g, ok := o.(rvGetter); ok {
+		return g.GetResourceVersion(), nil
+	}
+	return "", fmt.Errorf("no resourceVersion")
+}
+
+func (o *Observer) onEvent(typ watch.EventType, obj runtime.Object, at time.Time) {
+	ev, ok := obj.(*v1alpha1.LifecycleEvent)
+	if !ok {
+		return
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	cs := ev.Status.ClaimStatus
+	o.final[ev.Name] = string(cs) + ": " + ev.Status.Message
+	o.steps[ev.Name] = len(ev.Status.Steps)
+	if typ == watch.Deleted {
+		o.gone[ev.Name] = at
+		o.notifyLocked()
+		return
+	}
+	if cs != v1alpha1.LifecycleEventClaimed && !cs.Finished() {
+		return
+	}
+	if _, seen := o.claimed[ev.Name]; !seen {
+		o.claimed[ev.Name] = at
+		o.notifyLocked()
+	}
+}
+
+// Gone waits until event name was deleted and returns the last status seen
+// ("<claimStatus>: <message>").
+func (o *Observer) Gone(ctx context.Context, name string, timeout time.Duration) (string, error) {
+	var final string
+	err := o.wait(ctx, timeout, func() bool { final = o.final[name]; return !o.gone[name].IsZero() })
+	if err != nil {
+		return final, fmt.Errorf("bench: event %s not deleted within %s (last status %q): %w", name, timeout, final, err)
+	}
+	return final, nil
+}
+
+// Steps returns the number of steps the event's status listed last.
+func (o *Observer) Steps(name string) int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.steps[name]
+}
+
+func (o *Observer) onNode(typ watch.EventType, obj runtime.Object, at time.Time) {
+	n, ok := obj.(*corev1.Node)
+	if !ok || typ == watch.Deleted {
+		return
+	}
+	if o.nodeFn != nil {
+		o.nodeFn(n, at)
+	}
+	for _, c := range n.Status.Conditions {
+		if string(c.Type) != v1alpha1.NodeConditionLifecycleTransition {
+			continue
+		}
+		m := eventInMessage.FindStringSubmatch(c.Message)
+		if m == nil {
+			continue
+		}
+		o.mu.Lock()
+		if _, seen := o.cond[m[1]]; !seen {
+			o.cond[m[1]] = at
+			o.notifyLocked()
+		}
+		o.mu.Unlock()
+	}
+}
+
+func (o *Observer) notifyLocked() {
+	close(o.changed)
+	o.changed = make(chan struct{})
+}
+
+// Poke wakes waiters (for conditions outside the Observer).
+func (o *Observer) Poke() {
+	o.mu.Lock()
+	o.notifyLocked()
+	o.mu.Unlock()
+}
+
+// Wait waits until cond (called with the lock held) holds.
+func (o *Observer) wait(ctx context.Context, timeout time.Duration, cond func() bool) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	for {
+		o.mu.Lock()
+		ok, ch := cond(), o.changed
+		o.mu.Unlock()
+		if ok {
+			return nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// Claimed waits until event name was seen claimed and returns when.
+func (o *Observer) Claimed(ctx context.Context, name string, timeout time.Duration) (time.Time, error) {
+	var t time.Time
+	err := o.wait(ctx, timeout, func() bool { t = o.claimed[name]; return !t.IsZero() })
+	if err != nil {
+		return t, fmt.Errorf("bench: event %s not seen claimed within %s: %w", name, timeout, err)
+	}
+	return t, nil
+}
+
+// Condition waits until a Node's LifecycleTransition condition named the
+// event and returns when.
+func (o *Observer) Condition(ctx context.Context, name string, timeout time.Duration) (time.Time, error) {
+	var t time.Time
+	err := o.wait(ctx, timeout, func() bool { t = o.cond[name]; return !t.IsZero() })
+	if err != nil {
+		return t, fmt.Errorf("bench: no node condition for event %s within %s: %w", name, timeout, err)
+	}
+	return t, nil
+}
+
+// WaitFunc waits until f holds, re-checking it on every observed change
+// (and every 50 ms).
+func (o *Observer) WaitFunc(ctx context.Context, timeout time.Duration, f func() bool) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	for {
+		if f() {
+			return nil
+		}
+		o.mu.Lock()
+		ch := o.changed
+		o.mu.Unlock()
+		select {
+		case <-ch:
+		case <-time.After(50 * time.Millisecond):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}

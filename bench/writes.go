@@ -1,0 +1,202 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/lifecycle-agent/lifecycle-agent/internal/config"
+	"github.com/lifecycle-agent/lifecycle-agent/test/testenv"
+)
+
+// WriteCase is one event of Writes.
+type WriteCase struct {
+	Label  string
+	Driver string // short name, as in the transition's name
+	Params map[string]string
+	// Pods, when > 0, puts that many pods (a StatefulSet's, no PDB) on the
+	// node before the event.
+	Pods int
+}
+
+// WriteStats is what one event cost in requests made with the agent's
+// identity, counted at the agent's client.
+type WriteStats struct {
+	Label   string         `json:"label"`
+	Driver  string         `json:"driver"`
+	Steps   int            `json:"steps"`
+	Writes  int            `json:"writes"`
+	Reads   int            `json:"reads"`
+	Budget  int            `json:"budget"` // 2 × steps + 4
+	Outcome string         `json:"outcome"`
+	Writing map[string]int `json:"writing"` // write requests by "VERB resource"
+	Reading map[string]int `json:"reading"` // other requests
+	// ServerNodeRequests is the same window's increase of APF's
+	// system-nodes flow schema (every request of a node identity), the
+	// server's count of what Writes+Reads counted at the client.
+	ServerNodeRequests float64 `json:"serverNodeRequests"`
+	Seconds            float64 `json:"seconds"`
+}
+
+// DefaultWriteCases covers every built-in driver that runs without NVML,
+// plus a vendor exec driver, in an order that leaves the node as it found
+// it.
+func DefaultWriteCases() []WriteCase {
+	return []WriteCase{
+		{Label: "uncordon (node not cordoned)", Driver: "uncordon"},
+		{Label: "drain (no pods)", Driver: "drain"},
+		{Label: "uncordon (our cordon)", Driver: "uncordon"},
+		{Label: "reboot, simulated (drain on, no pods)", Driver: "reboot"},
+		{Label: "reboot, simulated (drain=false)", Driver: "reboot", Params: map[string]string{"drain": "false"}},
+		{Label: "os-upgrade, profile, simulated (no pods)", Driver: "os-upgrade", Params: map[string]string{"profile": "bench"}},
+		{Label: "exec driver from config (2 steps)", Driver: "bench-exec"},
+		{Label: "drain (10 pods, no PDB)", Driver: "drain", Pods: 10},
+		{Label: "uncordon (our cordon, after the 10-pod drain)", Driver: "uncordon"},
+	}
+}
+
+// Writes runs one agent and, one after the other, one event per case,
+// counting the requests the agent makes with its identity (a counting
+// RoundTripper on its own client) from the event's creation until it is
+// finished, deleted, and the agent has been quiet for a second.
+func Writes(ctx context.Context, dir string, cases []WriteCase, say func(string, ...any)) ([]WriteStats, error) {
+	env, err := StartEnv(ctx, nil, true)
+	if err != nil {
+		return nil, err
+	}
+	defer env.Stop()
+	const node = "bench-writes"
+	if err := testenv.CreateNode(ctx, env.AdminConfig(), node, nil); err != nil {
+		return nil, err
+	}
+	if _, err := testenv.RunKubeletStandIn(ctx, env.AdminConfig(), node); err != nil {
+		return nil, err
+	}
+	log, closer, err := FileLogger(filepath.Join(dir, "agent.log"), slog.LevelInfo)
+	if err != nil {
+		return nil, err
+	}
+	defer closer.Close()
+	counter := NewCounter()
+	a, err := StartAgent(ctx, AgentOptions{Node: node, Dir: filepath.Join(dir, node), Rest: env.AgentRestConfig(node), Log: log, Counter: counter,
+		Configure: func(c *config.Config) {
+			c.OSUpgrade.Profiles = map[string]config.OSUpgradeProfile{"bench": {Command: []string{"/bin/true"}, Timeout: time.Minute, RebootPolicy: config.RebootAlways}}
+			c.Exec.Drivers = []config.ExecDriver{{Name: "bench-exec", Start: "BenchStarted", End: "BenchDone", SLA: 10 * time.Minute, Steps: []config.ExecStep{
+				{Name: "one", Command: []string{"/bin/true"}, Timeout: time.Minute},
+				{Name: "two", Command: []string{"/bin/true"}, Timeout: time.Minute},
+			}}}
+		}})
+	if err != nil {
+		return nil, err
+	}
+	defer a.Stop()
+	select {
+	case <-a.Idle():
+	case <-time.After(60 * time.Second):
+		return nil, fmt.Errorf("bench: agent not idle after 60s")
+	}
+	obs, err := env.Observe(ctx, nil)
+	if err != nil {
+		return nil, err
+	}
+	var out []WriteStats
+	for i, c := range cases {
+		if err := env.WaitTransitions(ctx, node, c.Driver, 30*time.Second); err != nil {
+			return out, err
+		}
+		if c.Pods > 0 {
+			w := &testenv.Workload{Namespace: fmt.Sprintf("bench-writes-%d", i), Name: "app", Node: node, Replicas: c.Pods}
+			if err := w.Start(ctx, env.AdminConfig()); err != nil {
+				return out, err
+			}
+			if err := testenv.WaitPodsRunning(ctx, env.AdminConfig(), node, c.Pods); err != nil {
+				return out, err
+			}
+		}
+		quiet(counter, time.Second, 30*time.Second)
+		name := fmt.Sprintf("writes-%02d-%s", i, c.Driver)
+		before := counter.Snapshot()
+		s0, err := env.Scrape(ctx)
+		if err != nil {
+			return out, err
+		}
+		t0 := time.Now()
+		if err := env.CreateEvent(ctx, name, node, c.Driver, c.Params); err != nil {
+			return out, err
+		}
+		final, err := obs.Gone(ctx, name, 5*time.Minute)
+		if err != nil {
+			return out, err
+		}
+		quiet(counter, time.Second, 30*time.Second)
+		s1, err := env.Scrape(ctx)
+		if err != nil {
+			return out, err
+		}
+		d := DiffCounts(before, counter.Snapshot())
+		ws := WriteStats{Label: c.Label, Driver: c.Driver, Steps: obs.Steps(name), Outcome: final, Writing: map[string]int{}, Reading: map[string]int{},
+			ServerNodeRequests: s1.Sub(s0).NodeRequests(), Seconds: time.Since(t0).Seconds()}
+		for k, v := range d {
+			if IsWrite(k) {
+				ws.Writes += v
+				ws.Writing[k] = v
+			} else {
+				ws.Reads += v
+				ws.Reading[k] = v
+			}
+		}
+		ws.Budget = 2*ws.Steps + 4
+		out = append(out, ws)
+		say("%s: %d steps, %d writes (budget %d), %d reads: %s", c.Label, ws.Steps, ws.Writes, ws.Budget, ws.Reads, FormatCounts(ws.Writing))
+		if !strings.HasPrefix(final, "Succeeded") {
+			return out, fmt.Errorf("bench: %s ended %q", name, final)
+		}
+	}
+	return out, nil
+}
+
+// quiet waits until the counter did not move (watches aside) for d.
+func quiet(c *Counter, d, limit time.Duration) {
+	deadline := time.Now().Add(limit)
+	sum := func() int {
+		n := 0
+		for k, v := range c.Snapshot() {
+			if !strings.HasPrefix(k, "WATCH ") {
+				n += v
+			}
+		}
+		return n
+	}
+	last, since := sum(), time.Now()
+	for time.Now().Before(deadline) {
+		time.Sleep(100 * time.Millisecond)
+		if n := sum(); n != last {
+			last, since = n, time.Now()
+		} else if time.Since(since) >= d {
+			return
+		}
+	}
+}
+
+// FormatCounts prints counts as "3× PUT lifecycleevents/status, …", largest first.
+func FormatCounts(m map[string]int) string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool {
+		if m[keys[i]] != m[keys[j]] {
+			return m[keys[i]] > m[keys[j]]
+		}
+		return keys[i] < keys[j]
+	})
+	var parts []string
+	for _, k := range keys {
+		parts = append(parts, fmt.Sprintf("%d× %s", m[k], k))
+	}
+	return strings.Join(parts, ", ")
+}
