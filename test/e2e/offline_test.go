@@ -2,9 +2,9 @@ package e2e
 
 import (
 	"bytes"
-	"os"
 	"context"
 	"encoding/json"
+	"os"
 	"strings"
 	"testing"
 	"time"
