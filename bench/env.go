@@ -173,6 +173,25 @@ type ServerCounters struct {
 	// hold every request of an identity in group system:nodes, i.e. of the
 	// agents (NodeRequests).
 	FlowSchema map[string]float64
+	// DurationSum and DurationCount are apiserver_request_duration_seconds
+	// by verb (the server's own time per request, from receipt to
+	// response).
+	DurationSum, DurationCount map[string]float64
+	// APFWaitSum and APFWaitCount are
+	// apiserver_flowcontrol_request_wait_duration_seconds by priority
+	// level (time queued before execution).
+	APFWaitSum, APFWaitCount map[string]float64
+}
+
+// MeanMs returns sum/count in milliseconds per key, for keys with a count.
+func MeanMs(sum, count map[string]float64) map[string]float64 {
+	out := map[string]float64{}
+	for k, n := range count {
+		if n > 0 {
+			out[k] = 1000 * sum[k] / n
+		}
+	}
+	return out
 }
 
 // NodeRequests is what the flow schemas of group system:nodes dispatched.
@@ -191,20 +210,31 @@ func (c ServerCounters) Total() float64 {
 
 // Sub returns c - o.
 func (c ServerCounters) Sub(o ServerCounters) ServerCounters {
-	r := ServerCounters{Requests: map[string]float64{}, FlowSchema: map[string]float64{}}
-	for k, v := range c.Requests {
-		r.Requests[k] = v - o.Requests[k]
+	r := newServerCounters()
+	sub := func(dst, a, b map[string]float64) {
+		for k, v := range a {
+			dst[k] = v - b[k]
+		}
 	}
-	for k, v := range c.FlowSchema {
-		r.FlowSchema[k] = v - o.FlowSchema[k]
-	}
+	sub(r.Requests, c.Requests, o.Requests)
+	sub(r.FlowSchema, c.FlowSchema, o.FlowSchema)
+	sub(r.DurationSum, c.DurationSum, o.DurationSum)
+	sub(r.DurationCount, c.DurationCount, o.DurationCount)
+	sub(r.APFWaitSum, c.APFWaitSum, o.APFWaitSum)
+	sub(r.APFWaitCount, c.APFWaitCount, o.APFWaitCount)
 	return r
+}
+
+func newServerCounters() ServerCounters {
+	return ServerCounters{Requests: map[string]float64{}, FlowSchema: map[string]float64{},
+		DurationSum: map[string]float64{}, DurationCount: map[string]float64{},
+		APFWaitSum: map[string]float64{}, APFWaitCount: map[string]float64{}}
 }
 
 // Scrape reads the counters from /metrics as admin. The scrape itself is
 // one GET that the next scrape counts.
 func (e *Env) Scrape(ctx context.Context) (ServerCounters, error) {
-	c := ServerCounters{Requests: map[string]float64{}, FlowSchema: map[string]float64{}}
+	c := newServerCounters()
 	body, err := e.Core.CoreV1().RESTClient().Get().AbsPath("/metrics").Stream(ctx)
 	if err != nil {
 		return c, fmt.Errorf("bench: scrape /metrics: %w", err)
@@ -224,6 +254,22 @@ func (e *Env) Scrape(ctx context.Context) (ServerCounters, error) {
 			labels, v, ok := parseSample(line)
 			if ok {
 				c.FlowSchema[labels["flow_schema"]] += v
+			}
+		case strings.HasPrefix(line, "apiserver_request_duration_seconds_sum{"):
+			if labels, v, ok := parseSample(line); ok {
+				c.DurationSum[labels["verb"]] += v
+			}
+		case strings.HasPrefix(line, "apiserver_request_duration_seconds_count{"):
+			if labels, v, ok := parseSample(line); ok {
+				c.DurationCount[labels["verb"]] += v
+			}
+		case strings.HasPrefix(line, "apiserver_flowcontrol_request_wait_duration_seconds_sum{"):
+			if labels, v, ok := parseSample(line); ok {
+				c.APFWaitSum[labels["priority_level"]] += v
+			}
+		case strings.HasPrefix(line, "apiserver_flowcontrol_request_wait_duration_seconds_count{"):
+			if labels, v, ok := parseSample(line); ok {
+				c.APFWaitCount[labels["priority_level"]] += v
 			}
 		}
 	}

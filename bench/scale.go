@@ -44,14 +44,20 @@ type Window struct {
 	// RPS is apiserver_request_total's increase per second (every client,
 	// this harness included).
 	RPS float64 `json:"rps"`
-	// NodeRPS is the increase of APF's dispatched requests of flow schema
-	// system-nodes per second: the agents' own requests.
+	// NodeRPS is the increase of APF's dispatched requests of node
+	// identities per second (ServerCounters.NodeRequests): the agents'.
 	NodeRPS float64 `json:"nodeRps"`
 	// Verbs is apiserver_request_total's increase by verb.
 	Verbs           map[string]float64 `json:"verbs"`
 	APIServerCPUPct float64            `json:"apiserverCpuPct"` // of one core
 	EtcdCPUPct      float64            `json:"etcdCpuPct"`
 	BenchCPUPct     float64            `json:"benchCpuPct"` // this process: the N agents and the harness
+	// ServerMs is the API server's mean time per request by verb
+	// (apiserver_request_duration_seconds; WATCH excluded by its meaning).
+	ServerMs map[string]float64 `json:"serverMeanMs"`
+	// APFWaitMs is the mean time requests queued in API Priority and
+	// Fairness, by priority level.
+	APFWaitMs map[string]float64 `json:"apfWaitMeanMs"`
 }
 
 // ScaleStats are Scale's measurements.
@@ -197,6 +203,9 @@ func Scale(ctx context.Context, o ScaleOptions) (ScaleStats, error) {
 		w.RPS = d.Total() / w.Seconds
 		w.NodeRPS = d.NodeRequests() / w.Seconds
 		w.Verbs = d.Requests
+		w.ServerMs = MeanMs(d.DurationSum, d.DurationCount)
+		delete(w.ServerMs, "WATCH")
+		w.APFWaitMs = MeanMs(d.APFWaitSum, d.APFWaitCount)
 		w.APIServerCPUPct, w.EtcdCPUPct, w.BenchCPUPct = CPUPercent(a0, a1), CPUPercent(e0, e1), CPUPercent(b0, b1)
 		return w, nil
 	}

@@ -35,9 +35,9 @@ type WriteStats struct {
 	Outcome string         `json:"outcome"`
 	Writing map[string]int `json:"writing"` // write requests by "VERB resource"
 	Reading map[string]int `json:"reading"` // other requests
-	// ServerNodeRequests is the same window's increase of APF's
-	// system-nodes flow schema (every request of a node identity), the
-	// server's count of what Writes+Reads counted at the client.
+	// ServerNodeRequests is the same window's increase of the API
+	// server's count of node-identity requests (NodeRequests), the
+	// server's view of what Writes+Reads counted at the client.
 	ServerNodeRequests float64 `json:"serverNodeRequests"`
 	Seconds            float64 `json:"seconds"`
 }

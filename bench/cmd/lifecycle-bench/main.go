@@ -242,7 +242,7 @@ func scale(ctx context.Context, res *bench.Result, dir, ns, modes string, sample
 		}
 	}
 	res.Data = map[string]any{"runs": all}
-	res.Notes = append(res.Notes, "scale: every agent is agent.Run in this process (own x509 identity, client, watch, Lease and journal; QPS 20/burst 40, the daemon's default); CPU is percent of one core; the harness's own admin watches and creates are in req/s, the agents' share is APF flow schema system-nodes")
+	res.Notes = append(res.Notes, "scale: every agent is agent.Run in this process (own x509 identity, client, watch, Lease and journal; QPS 20/burst 40, the daemon's default); CPU is percent of one core; req/s counts every client (the harness's admin watches and creates too), the agents' share is the API server's APF count for node identities (flow schemas system-nodes and system-node-high)")
 	return nil
 }
 
@@ -252,10 +252,10 @@ func writes(ctx context.Context, res *bench.Result, dir string) error {
 	for i, w := range ws {
 		res.Rows = append(res.Rows, bench.Row{ID: fmt.Sprintf("7%c", 'a'+i), What: "API writes per event: " + w.Label,
 			Goal:     fmt.Sprintf("≤ 2 × %d steps + 4 = %d", w.Steps, w.Budget),
-			Measured: fmt.Sprintf("%d writes: %s (and %d reads; server saw %.0f node requests)", w.Writes, bench.FormatCounts(w.Writing), w.Reads, w.ServerNodeRequests),
+			Measured: fmt.Sprintf("%d writes: %s (plus %d reads; %d requests at the client, %.0f seen by the server for node identities)", w.Writes, bench.FormatCounts(w.Writing), w.Reads, w.Writes+w.Reads, w.ServerNodeRequests),
 			Met:      bench.Verdict(w.Writes <= w.Budget)})
 	}
-	res.Notes = append(res.Notes, "writes: counted at the agent's own client (a counting RoundTripper on its rest.Config: exactly the requests made with its identity), from the event's creation until it is deleted and the agent was quiet for 1 s; cross-checked against the API server's APF counter for flow schema system-nodes over the same window")
+	res.Notes = append(res.Notes, "writes: counted at the agent's own client (a counting RoundTripper on its rest.Config: exactly the requests made with its identity), from the event's creation until it is deleted and the agent was quiet for 1 s; cross-checked against the API server's APF counters for node identities (flow schemas system-nodes and system-node-high) over the same window")
 	return err
 }
 
