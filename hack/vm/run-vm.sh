@@ -144,11 +144,14 @@ cmd_launch() {
   [ "$daemonize" = 1 ] && dm=(-daemonize)
   now > "$RUN/start.ts"
   log "starting qemu (accel=$acc cpu=$cpu mem=${VM_MEM:-1024} smp=${VM_SMP:-2} ssh=127.0.0.1:$p api=${VM_API_FORWARD:-none} run=$RUN)"
+  # net.ifnames=0: the NIC stays eth0. With the rename to ens2, systemd-networkd 252 sometimes starts its
+  # DHCPv4 client during the rename ("Failed to configure DHCPv4 client: Device or resource busy") and the
+  # link stays down for the whole boot: seen after a reboot in scenario (d), which then cannot reach the API.
   # VM_QEMU_EXTRA is split on purpose (extra options); commas inside qemu option values are qemu's syntax.
   # shellcheck disable=SC2054,SC2206
   qemu=(qemu-system-x86_64 -name lifecycle-agent-vm -nodefaults -no-user-config -display none
     -accel "$acc" -cpu "$cpu" -m "${VM_MEM:-1024}" -smp "${VM_SMP:-2}"
-    "${kargs[@]}" -append "root=/dev/vda rw console=ttyS0,115200 loglevel=4 systemd.show_status=1 mitigations=off ${VM_APPEND:-}"
+    "${kargs[@]}" -append "root=/dev/vda rw console=ttyS0,115200 loglevel=4 systemd.show_status=1 mitigations=off net.ifnames=0 ${VM_APPEND:-}"
     -drive file="$RUN/disk.qcow2",if=virtio,format=qcow2,cache=writeback
     -netdev "$net" -device virtio-net-pci,netdev=n0,romfile=
     -virtfs local,path="$SHARE",mount_tag=ci,security_model=none,id=ci

@@ -521,18 +521,67 @@ func (v *VM) Stop() {
 }
 
 func (v *VM) cleanup() {
+	saved := false
 	if v.t.Failed() && v.Running() {
 		if out, _, _, err := v.ssh(60*time.Second, nil, "journalctl --no-pager -o short-precise"); err == nil {
-			_ = os.WriteFile(filepath.Join(v.Dir, "guest-journal.txt"), []byte(out), 0o644)
+			saved = os.WriteFile(filepath.Join(v.Dir, "guest-journal.txt"), []byte(out), 0o644) == nil
 		}
 		if out, _, _, err := v.ssh(30*time.Second, nil, "systemctl --no-pager status lifecycle-agent; ls -la /var/lib/lifecycle-agent /etc/lifecycle-agent"); err == nil {
 			_ = os.WriteFile(filepath.Join(v.Dir, "guest-status.txt"), []byte(out), 0o644)
 		}
 	}
 	v.Stop()
+	if v.t.Failed() && !saved {
+		// ssh is gone (a guest without network, stuck in shutdown, or
+		// powered off): read the persistent journal from the disk itself.
+		if err := v.journalFromDisk(filepath.Join(v.Dir, "guest-journal.txt")); err != nil {
+			v.t.Logf("vm: guest journal not recovered from the disk: %v", err)
+		}
+	}
 	if v.t.Failed() {
 		v.t.Logf("vm: last serial console lines:\n%s", v.tailFile("serial.log", 15))
 	}
+}
+
+// journalFromDisk copies the guest's persistent journal out of the stopped
+// VM's disk (qemu-img convert to a sparse raw file, debugfs rdump from the
+// ext4 root, journalctl --file) into dst.
+func (v *VM) journalFromDisk(dst string) error {
+	tmp, err := os.MkdirTemp(v.Dir, "journal-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(tmp)
+	raw := filepath.Join(tmp, "disk.raw")
+	run := func(name string, args ...string) (string, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		out, err := exec.CommandContext(ctx, name, args...).CombinedOutput()
+		if err != nil {
+			return "", fmt.Errorf("%s %s: %v: %s", name, strings.Join(args, " "), err, bytes.TrimSpace(out))
+		}
+		return string(out), nil
+	}
+	if _, err := run("qemu-img", "convert", "-O", "raw", filepath.Join(v.Dir, "disk.qcow2"), raw); err != nil {
+		return err
+	}
+	if _, err := run("debugfs", "-R", "rdump /var/log/journal "+tmp, raw); err != nil {
+		return err
+	}
+	files, _ := filepath.Glob(filepath.Join(tmp, "journal", "*", "*.journal"))
+	if len(files) == 0 {
+		return errors.New("no journal files under /var/log/journal on the guest disk")
+	}
+	args := []string{"--no-pager", "-o", "short-precise"}
+	for _, f := range files {
+		args = append(args, "--file", f)
+	}
+	out, err := run("journalctl", args...)
+	if err != nil {
+		return err
+	}
+	v.t.Logf("vm: guest journal read from the disk (ssh unavailable): %s", dst)
+	return os.WriteFile(dst, []byte(out), 0o644)
 }
 
 func (v *VM) tailFile(name string, n int) string {
