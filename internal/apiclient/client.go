@@ -2,14 +2,17 @@ package apiclient
 
 import (
 	"fmt"
-
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"net/http"
+	"sync"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/lifecycle-agent/lifecycle-agent/api/v1alpha1"
 )
 
 // Client bundles the clients the agent uses, for one node.
@@ -17,8 +20,14 @@ type Client struct {
 	Node    string
 	Core    kubernetes.Interface
 	LC      *LifecycleClients
+	watchLC *LifecycleClients // LC without the client-side timeout, for watches
 	evicts  *evictionRecorder
 	restCfg *rest.Config
+
+	leaseMu   sync.Mutex
+	nodeLease *v1alpha1.LifecycleLease // as our last write of it returned
+	condMu    sync.Mutex
+	nodeConds []corev1.NodeCondition // as our last condition patch returned
 }
 
 // LoadConfig reads a kubeconfig file (the kubelet's, by default).
@@ -57,7 +66,20 @@ func New(cfg *rest.Config, node string, timeout time.Duration) (*Client, error) 
 	if err != nil {
 		return nil, err
 	}
-	return &Client{Node: node, Core: core, LC: lc, evicts: rec, restCfg: c}, nil
+	// Watches get no client-side timeout: rest.Config.Timeout is the whole
+	// http.Client's, so it would cut every watch after `timeout` and the
+	// reflector would re-list and re-watch (6 requests a minute per idle
+	// agent at 10 s, measured by bench idle). The reflector asks the server
+	// to end each watch after 5-10 minutes (timeoutSeconds), and a dead
+	// connection is found by client-go's HTTP/2 health check (ping after
+	// 30 s without reads).
+	wc := rest.CopyConfig(c)
+	wc.Timeout = 0
+	wlc, err := NewLifecycleClients(wc)
+	if err != nil {
+		return nil, err
+	}
+	return &Client{Node: node, Core: core, LC: lc, watchLC: wlc, evicts: rec, restCfg: c}, nil
 }
 
 // Config returns the rest.Config the client was built with.

@@ -34,7 +34,7 @@ func (c *Client) WatchEvents(ctx context.Context, notify func(name string), unfi
 		},
 		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
 			o.FieldSelector = opts.FieldSelector
-			return c.LC.Events.Watch(ctx, o)
+			return c.watchLC.Events.Watch(ctx, o)
 		},
 	}
 	inf := cache.NewSharedIndexInformer(lw, &v1alpha1.LifecycleEvent{}, 0, cache.Indexers{})
