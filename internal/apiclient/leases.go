@@ -2,12 +2,11 @@ package apiclient
 
 import (
 	"context"
-
 	"errors"
 	"fmt"
-	coordv1 "k8s.io/api/coordination/v1"
 	"time"
 
+	coordv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -53,13 +52,55 @@ func expired(l *v1alpha1.LifecycleLease, now time.Time) bool {
 // AcquireNodeLease takes or renews this node's Lease for h. It fails with
 // ErrLeaseHeld while another identity holds an unexpired lease. Updates carry
 // the resourceVersion, so of two racing agents exactly one wins.
+//
+// The node Lease is written only by the agents of this node, so the client
+// keeps the copy its own last write returned and first tries the update with
+// that resourceVersion: one request instead of a read and a write. A
+// conflict (someone else wrote it since) falls back to reading it.
 func (c *Client) AcquireNodeLease(ctx context.Context, h LeaseHolder, now time.Time) error {
-	return c.acquire(ctx, NodeLeaseName(c.Node), h, now, nil)
+	name := NodeLeaseName(c.Node)
+	if l := c.cachedNodeLease(); l != nil {
+		ours := l.Spec.HolderIdentity != nil && *l.Spec.HolderIdentity == h.Identity
+		if ours || expired(l, now) {
+			err := c.updateLease(ctx, l, h, now)
+			if err == nil || !apierrors.IsConflict(err) && !apierrors.IsNotFound(err) {
+				return err
+			}
+			c.setNodeLease(nil)
+		}
+	}
+	return c.acquire(ctx, name, h, now, nil)
 }
 
 // ReleaseNodeLease gives up this node's Lease if h holds it.
 func (c *Client) ReleaseNodeLease(ctx context.Context, identity string) error {
+	if l := c.cachedNodeLease(); l != nil && l.Spec.HolderIdentity != nil && *l.Spec.HolderIdentity == identity {
+		err := c.releaseLease(ctx, l)
+		if err == nil || !apierrors.IsConflict(err) && !apierrors.IsNotFound(err) {
+			return err
+		}
+		c.setNodeLease(nil)
+	}
 	return c.release(ctx, NodeLeaseName(c.Node), identity)
+}
+
+func (c *Client) cachedNodeLease() *v1alpha1.LifecycleLease {
+	c.leaseMu.Lock()
+	defer c.leaseMu.Unlock()
+	if c.nodeLease == nil {
+		return nil
+	}
+	return c.nodeLease.DeepCopy()
+}
+
+// setNodeLease remembers l if it is this node's Lease (nil forgets).
+func (c *Client) setNodeLease(l *v1alpha1.LifecycleLease) {
+	if l != nil && l.Name != NodeLeaseName(c.Node) {
+		return
+	}
+	c.leaseMu.Lock()
+	defer c.leaseMu.Unlock()
+	c.nodeLease = l
 }
 
 // NodeLeaseHolder returns the holder of this node's Lease ("" if free or expired).
@@ -141,12 +182,14 @@ func (c *Client) acquire(ctx context.Context, name string, h LeaseHolder, now ti
 				Annotations: map[string]string{AnnotationLeaseEvent: h.Event, AnnotationLeaseEventUID: h.EventUID}},
 			Spec: coordv1.LeaseSpec{HolderIdentity: &h.Identity, LeaseDurationSeconds: &secs, AcquireTime: &mt, RenewTime: &mt},
 		}
-		if _, err := leases.Create(ctx, l, metav1.CreateOptions{}); err != nil {
+		got, err := leases.Create(ctx, l, metav1.CreateOptions{})
+		if err != nil {
 			if apierrors.IsAlreadyExists(err) {
 				return fmt.Errorf("%w: %s (created concurrently)", ErrLeaseHeld, name)
 			}
 			return fmt.Errorf("apiclient: create lease %s: %w", name, err)
 		}
+		c.setNodeLease(got)
 		return nil
 	}
 	if err != nil {
@@ -156,6 +199,21 @@ func (c *Client) acquire(ctx context.Context, name string, h LeaseHolder, now ti
 	if !ours && !expired(l, now) && (stale == nil || !stale(ctx, l)) {
 		return fmt.Errorf("%w: %s is held by %s", ErrLeaseHeld, name, *l.Spec.HolderIdentity)
 	}
+	err = c.updateLease(ctx, l, h, now)
+	if apierrors.IsConflict(err) {
+		return fmt.Errorf("%w: %s (lost a race)", ErrLeaseHeld, name)
+	}
+	return err
+}
+
+// updateLease writes l (as read, with its resourceVersion) held by h.
+func (c *Client) updateLease(ctx context.Context, l *v1alpha1.LifecycleLease, h LeaseHolder, now time.Time) error {
+	secs := int32(h.Duration / time.Second)
+	if secs < 1 {
+		secs = 40
+	}
+	mt := metav1.NewMicroTime(now)
+	ours := l.Spec.HolderIdentity != nil && *l.Spec.HolderIdentity == h.Identity
 	if l.Annotations == nil {
 		l.Annotations = map[string]string{}
 	}
@@ -171,12 +229,14 @@ func (c *Client) acquire(ctx context.Context, name string, h LeaseHolder, now ti
 	l.Spec.HolderIdentity = &h.Identity
 	l.Spec.LeaseDurationSeconds = &secs
 	l.Spec.RenewTime = &mt
-	if _, err := leases.Update(ctx, l, metav1.UpdateOptions{}); err != nil {
-		if apierrors.IsConflict(err) {
-			return fmt.Errorf("%w: %s (lost a race)", ErrLeaseHeld, name)
+	got, err := c.LC.Leases(v1alpha1.SystemNamespace).Update(ctx, l, metav1.UpdateOptions{})
+	if err != nil {
+		if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
+			return err
 		}
-		return fmt.Errorf("apiclient: update lease %s: %w", name, err)
+		return fmt.Errorf("apiclient: update lease %s: %w", l.Name, err)
 	}
+	c.setNodeLease(got)
 	return nil
 }
 
@@ -189,15 +249,29 @@ func (c *Client) release(ctx context.Context, name, identity string) error {
 	if err != nil {
 		return fmt.Errorf("apiclient: get lease %s: %w", name, err)
 	}
+	c.setNodeLease(l)
 	if l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity != identity {
 		return nil
 	}
+	if err := c.releaseLease(ctx, l); err != nil && !apierrors.IsConflict(err) {
+		return err
+	}
+	return nil
+}
+
+// releaseLease writes l (as read, with its resourceVersion) without a holder.
+func (c *Client) releaseLease(ctx context.Context, l *v1alpha1.LifecycleLease) error {
 	empty := ""
 	l.Spec.HolderIdentity = &empty
 	delete(l.Annotations, AnnotationLeaseEvent)
 	delete(l.Annotations, AnnotationLeaseEventUID)
-	if _, err := leases.Update(ctx, l, metav1.UpdateOptions{}); err != nil && !apierrors.IsConflict(err) {
-		return fmt.Errorf("apiclient: release lease %s: %w", name, err)
+	got, err := c.LC.Leases(v1alpha1.SystemNamespace).Update(ctx, l, metav1.UpdateOptions{})
+	if err != nil {
+		if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
+			return err
+		}
+		return fmt.Errorf("apiclient: release lease %s: %w", l.Name, err)
 	}
+	c.setNodeLease(got)
 	return nil
 }

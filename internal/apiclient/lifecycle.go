@@ -29,6 +29,41 @@ func (c *Client) UpdateEventStatus(ctx context.Context, ev *v1alpha1.LifecycleEv
 	return c.LC.Events.UpdateStatus(ctx, ev, metav1.UpdateOptions{})
 }
 
+// SetFinalizerOn adds (on=true) or removes the agent's finalizer on ev as
+// the caller last saw it: one update guarded by its resourceVersion. On a
+// conflict it falls back to SetFinalizer's read and retry. It returns the
+// updated object when its own update went through, else nil.
+func (c *Client) SetFinalizerOn(ctx context.Context, ev *v1alpha1.LifecycleEvent, on bool) (*v1alpha1.LifecycleEvent, error) {
+	has := false
+	var keep []string
+	for _, f := range ev.Finalizers {
+		if f == v1alpha1.Finalizer {
+			has = true
+			continue
+		}
+		keep = append(keep, f)
+	}
+	if has == on {
+		return nil, nil
+	}
+	cp := ev.DeepCopy()
+	if on {
+		cp.Finalizers = append(cp.Finalizers, v1alpha1.Finalizer)
+	} else {
+		cp.Finalizers = keep
+	}
+	got, err := c.LC.Events.Update(ctx, cp, metav1.UpdateOptions{})
+	switch {
+	case apierrors.IsConflict(err):
+		return nil, c.SetFinalizer(ctx, ev.Name, on)
+	case apierrors.IsNotFound(err) && !on:
+		return nil, nil
+	case err != nil:
+		return nil, fmt.Errorf("apiclient: finalizer on %s: %w", ev.Name, err)
+	}
+	return got, nil
+}
+
 // SetFinalizer adds (on=true) or removes the agent's finalizer, retrying
 // on conflicts with a fresh read.
 func (c *Client) SetFinalizer(ctx context.Context, name string, on bool) error {

@@ -40,13 +40,23 @@ func (c *Client) GetNode(ctx context.Context) (*corev1.Node, error) {
 // keyed by condition type: conditions of other types (the kubelet's) are
 // left alone. lastTransitionTime changes only when a status changes. It is a
 // no-op (no write) when nothing would change.
+//
+// The Node's conditions are compared with what the client's last patch
+// returned (only this agent writes its condition types), so a change costs
+// one request; the first call reads the Node.
 func (c *Client) SetNodeConditions(ctx context.Context, now time.Time, conds ...NodeCondition) error {
-	node, err := c.GetNode(ctx)
-	if err != nil {
-		return err
+	c.condMu.Lock()
+	known := c.nodeConds
+	c.condMu.Unlock()
+	if known == nil {
+		node, err := c.GetNode(ctx)
+		if err != nil {
+			return err
+		}
+		known = node.Status.Conditions
 	}
 	existing := map[string]corev1.NodeCondition{}
-	for _, nc := range node.Status.Conditions {
+	for _, nc := range known {
 		existing[string(nc.Type)] = nc
 	}
 	var out []map[string]any
@@ -68,9 +78,16 @@ func (c *Client) SetNodeConditions(ctx context.Context, now time.Time, conds ...
 		return nil
 	}
 	patch, _ := json.Marshal(map[string]any{"status": map[string]any{"conditions": out}})
-	if _, err := c.Core.CoreV1().Nodes().Patch(ctx, c.Node, types.StrategicMergePatchType, patch, metav1.PatchOptions{}, "status"); err != nil {
+	got, err := c.Core.CoreV1().Nodes().Patch(ctx, c.Node, types.StrategicMergePatchType, patch, metav1.PatchOptions{}, "status")
+	if err != nil {
+		c.condMu.Lock()
+		c.nodeConds = nil // read again next time
+		c.condMu.Unlock()
 		return fmt.Errorf("apiclient: patch node %s conditions: %w", c.Node, err)
 	}
+	c.condMu.Lock()
+	c.nodeConds = got.Status.Conditions
+	c.condMu.Unlock()
 	return nil
 }
 

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -22,10 +23,6 @@ import (
 func (e *Engine) tryClaim(ctx context.Context) *active {
 	cands := e.candidates()
 	if len(cands) == 0 {
-		return nil
-	}
-	// Another agent process for this node is busy: do not even try.
-	if holder, err := e.cfg.API.NodeLeaseHolder(ctx, e.cfg.Clock.Now()); err != nil || (holder != "" && holder != e.cfg.Identity) {
 		return nil
 	}
 	for _, cached := range cands {
@@ -48,13 +45,29 @@ func (e *Engine) tryClaim(ctx context.Context) *active {
 // claim runs the claim protocol of doc.go for one event. It returns
 // (nil, nil) when the event is not ours to run (not applicable, another
 // driver host's, or failed at validation).
+//
+// The event is the watch's copy: every write below carries its
+// resourceVersion, so a stale copy only loses the race (409) and the next
+// round sees the fresh one. So a claim costs one read (the transition; the
+// Node too for a nodeSelector) before its two writes (Lease, status).
 func (e *Engine) claim(ctx context.Context, cached *v1alpha1.LifecycleEvent) (*active, error) {
-	ev, err := e.cfg.API.GetEvent(ctx, cached.Name)
-	if err != nil {
-		return nil, err
+	ev := cached.DeepCopy()
+	ours := func(ev *v1alpha1.LifecycleEvent) bool {
+		return ev.Status.ClaimStatus == v1alpha1.LifecycleEventClaimed && ev.Status.Holder != nil && ev.Status.Holder.Identity == e.cfg.Identity
+	}
+	if ours(ev) {
+		// Adoption writes nothing guarded before it acts, so it must not
+		// trust the watch's copy: that copy can predate our own end state
+		// (a watch catching up after an outage) and would run a finished
+		// event again.
+		fresh, err := e.cfg.API.GetEvent(ctx, ev.Name)
+		if err != nil {
+			return nil, err
+		}
+		ev = fresh
 	}
 	now := e.cfg.Clock.Now()
-	adopt := ev.Status.ClaimStatus == v1alpha1.LifecycleEventClaimed && ev.Status.Holder != nil && ev.Status.Holder.Identity == e.cfg.Identity
+	adopt := ours(ev)
 	if !adopt && ev.Status.ClaimStatus != "" && ev.Status.ClaimStatus != v1alpha1.LifecycleEventPending {
 		return nil, nil
 	}
@@ -69,9 +82,12 @@ func (e *Engine) claim(ctx context.Context, cached *v1alpha1.LifecycleEvent) (*a
 	if !ok {
 		return nil, nil // another driver host's (or a disabled driver): leave it
 	}
-	node, err := e.cfg.API.GetNode(ctx)
-	if err != nil {
-		return nil, err
+	// Only a nodeSelector needs the Node's labels.
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: e.cfg.Node}}
+	if lt.Spec.NodeSelector != nil {
+		if node, err = e.cfg.API.GetNode(ctx); err != nil {
+			return nil, err
+		}
 	}
 	applies, err := apiclient.TransitionApplies(lt, node)
 	if err != nil {
@@ -88,6 +104,7 @@ func (e *Engine) claim(ctx context.Context, cached *v1alpha1.LifecycleEvent) (*a
 		return nil, err
 	}
 	a := &active{name: ev.Name, uid: string(ev.UID), driver: d, steps: steps, tn: lt.Name}
+	fin := ev // the object the finalizer is added to: the claim's result when we claim
 	if adopt {
 		a.status = ev.Status
 	} else {
@@ -115,7 +132,8 @@ func (e *Engine) claim(ctx context.Context, cached *v1alpha1.LifecycleEvent) (*a
 		ev.Status = a.status
 		// The claim: a status update guarded by the resourceVersion we read.
 		// gofail: var engineBeforeClaim struct{}
-		if _, err := e.cfg.API.UpdateEventStatus(ctx, ev); err != nil {
+		got, err := e.cfg.API.UpdateEventStatus(ctx, ev)
+		if err != nil {
 			_ = e.cfg.API.ReleaseNodeLease(ctx, e.cfg.Identity)
 			if apierrors.IsConflict(err) {
 				return nil, fmt.Errorf("lost the claim race: %w", err)
@@ -125,11 +143,14 @@ func (e *Engine) claim(ctx context.Context, cached *v1alpha1.LifecycleEvent) (*a
 		// gofail: var engineAfterClaim struct{}
 		e.cfg.Metrics.ClaimLatency.Observe(now.Sub(ev.CreationTimestamp.Time).Seconds())
 		e.log.Info("claimed", "event", ev.Name, "driver", d.Name(), "transition", lt.Name)
+		fin = got
 	}
 	// Finalizer before any side effect.
-	if err := e.cfg.API.SetFinalizer(ctx, ev.Name, true); err != nil {
+	got, err := e.cfg.API.SetFinalizerOn(ctx, fin, true)
+	if err != nil {
 		return nil, fmt.Errorf("adding the finalizer: %w", err)
 	}
+	e.remember(got)
 	// gofail: var engineAfterFinalizer struct{}
 	a.ev = ev
 	if a.status.Sla != nil {

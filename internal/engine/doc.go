@@ -16,11 +16,24 @@
 //     snapshot is committed to the journal — both before any side effect.
 //
 // Each step then goes: journal intent (Running, attempt, boot ID) committed
-// → status (through the journal's outbox) → act → journal done → status.
+// → status (through the journal's outbox) → act → journal done. The step's
+// Done reaches the API with the next status write (the next step's Running,
+// a wait for a disruption slot, or the end state), not in a write of its own.
 // Status and Node conditions are never written directly: they are pushed to
 // the outbox, which supersedes older entries of the same kind, and a
 // flusher delivers them in order while the API server is reachable. So an
 // older state never overwrites a newer one, and nothing is lost offline.
+//
+// API cost: the claim reads the transition (and the Node, for a
+// nodeSelector) and takes the Lease and the status with the copies the watch
+// and its own last writes hold, falling back to a read only on a conflict;
+// likewise status writes, the finalizer and Node conditions reuse what the
+// previous write returned. An event then costs, in writes: claim, Lease
+// taken and released, finalizer added and removed, the LifecycleTransition
+// Node condition set and cleared, one status write per step plus the end
+// state, one Kubernetes Event with the outcome (and a Warning per failed
+// step), and the driver's own writes (cordon, evictions). docs/benchmarks.md
+// has the counts per driver.
 //
 // Replay: at start every unfinished journal event resumes. Steps whose done
 // record is committed are skipped; a step whose intent is committed but not

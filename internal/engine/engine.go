@@ -58,6 +58,7 @@ type Engine struct {
 
 	mu      sync.Mutex
 	current *active
+	last    *v1alpha1.LifecycleEvent // the running event as our last write of it returned (remember)
 	state   string
 }
 

@@ -270,8 +270,10 @@ func (e *Engine) stepDone(a *active, i, attempt int, msg string) error {
 	if msg != "" {
 		st.Message = msg
 	}
-	e.pushStatus(a)
-	e.recordEvent(a, corev1.EventTypeNormal, "StepDone", fmt.Sprintf("step %s done", s.Name))
+	// No status write of its own: what comes next always writes one that
+	// carries this step's Done — the next step's Running, the wait for a
+	// disruption slot, or the end state — so a step costs one status write
+	// and the event one more. The journal already holds the done record.
 	return nil
 }
 
@@ -346,6 +348,14 @@ func (e *Engine) finish(ctx context.Context, a *active, outcome journal.Outcome,
 		}
 		e.pushStatus(a)
 		e.pushNode(a, reason, corev1.ConditionFalse, true)
+		// One Kubernetes Event per event, with its outcome (a Warning per
+		// failed step comes on top): the steps and their times are in
+		// status.steps, and an Event per step would cost a write each.
+		typ := corev1.EventTypeNormal
+		if cs != v1alpha1.LifecycleEventSucceeded {
+			typ = corev1.EventTypeWarning
+		}
+		e.recordEvent(a, typ, reason, truncate(msg))
 	}
 	e.setState(fmt.Sprintf("event %s: finishing (%s)", a.name, cs), "event", a.name)
 	// Wait until the end state is delivered (the API may be down).
@@ -361,7 +371,14 @@ func (e *Engine) finish(ctx context.Context, a *active, outcome journal.Outcome,
 	}
 	// gofail: var engineBeforeFinalizerRemove struct{}
 	for _, f := range []func(context.Context) (bool, error){
-		func(c context.Context) (bool, error) { return true, e.cfg.API.SetFinalizer(c, a.name, false) },
+		func(c context.Context) (bool, error) {
+			if ev := e.recalled(a.uid); ev != nil {
+				_, err := e.cfg.API.SetFinalizerOn(c, ev, false)
+				e.forget(a.uid)
+				return true, err
+			}
+			return true, e.cfg.API.SetFinalizer(c, a.name, false)
+		},
 		func(c context.Context) (bool, error) {
 			if a.slot == "" {
 				return true, nil
@@ -548,18 +565,28 @@ func (e *Engine) deliver(ctx context.Context, en journal.OutboxEntry) error {
 			return nil
 		}
 		for i := 0; i < 5; i++ {
-			ev, err := e.eventByUID(ctx, en.UID)
-			if err != nil {
-				return err
+			// First try with the object our last write returned (one
+			// request); a conflict means someone else wrote since: read it.
+			ev := e.recalled(en.UID)
+			if ev == nil || i > 0 {
+				var err error
+				if ev, err = e.eventByUID(ctx, en.UID); err != nil {
+					return err
+				}
 			}
 			if ev == nil {
 				return nil // gone: nothing to write
 			}
 			ev.Status = st
 			// gofail: var engineBeforeStatusWrite struct{}
-			_, err = e.cfg.API.UpdateEventStatus(ctx, ev)
+			got, err := e.cfg.API.UpdateEventStatus(ctx, ev)
 			if err == nil {
 				// gofail: var engineAfterStatusWrite struct{}
+				e.remember(got)
+				return nil
+			}
+			if isNotFound(err) {
+				e.forget(en.UID)
 				return nil
 			}
 			if !isConflict(err) {
@@ -569,6 +596,35 @@ func (e *Engine) deliver(ctx context.Context, en journal.OutboxEntry) error {
 		return fmt.Errorf("status of %s: too many conflicts", en.UID)
 	}
 	return nil
+}
+
+// remember keeps ev, as a write of ours returned it, for the next status
+// write of the same event (see deliver). Only the running event is kept.
+func (e *Engine) remember(ev *v1alpha1.LifecycleEvent) {
+	if ev == nil {
+		return
+	}
+	e.mu.Lock()
+	e.last = ev.DeepCopy()
+	e.mu.Unlock()
+}
+
+// recalled returns a copy of the remembered object of event uid, or nil.
+func (e *Engine) recalled(uid string) *v1alpha1.LifecycleEvent {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.last == nil || string(e.last.UID) != uid {
+		return nil
+	}
+	return e.last.DeepCopy()
+}
+
+func (e *Engine) forget(uid string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.last != nil && string(e.last.UID) == uid {
+		e.last = nil
+	}
 }
 
 // eventByUID reads the event the outbox entry is about, by the name the

@@ -93,6 +93,26 @@ func TestDrainThenUncordon(t *testing.T) {
 	if w.Replaced() != 3 {
 		t.Fatalf("%d pods replaced on the spare node; want 3", w.Replaced())
 	}
+	// One Kubernetes Event, with the outcome, for the whole event.
+	var seen string
+	waitFor(t, "the outcome's Kubernetes Event", 30*time.Second, func() bool {
+		l, err := kubernetes.NewForConfigOrDie(env.AdminConfig()).CoreV1().Events(metav1.NamespaceDefault).List(context.Background(),
+			metav1.ListOptions{FieldSelector: "involvedObject.name=drain-1"})
+		if err != nil {
+			return false
+		}
+		seen = ""
+		for _, e := range l.Items {
+			seen += fmt.Sprintf("%s/%s %q; ", e.Type, e.Reason, e.Message)
+		}
+		return len(l.Items) == 1 && l.Items[0].Type == corev1.EventTypeNormal && l.Items[0].Reason == "DrainComplete" &&
+			l.Items[0].Source.Host == node && l.Items[0].InvolvedObject.Kind == "LifecycleEvent"
+	})
+	time.Sleep(time.Second) // nothing else arrives later
+	if l, _ := kubernetes.NewForConfigOrDie(env.AdminConfig()).CoreV1().Events(metav1.NamespaceDefault).List(context.Background(),
+		metav1.ListOptions{FieldSelector: "involvedObject.name=drain-1"}); len(l.Items) != 1 {
+		t.Fatalf("Kubernetes Events for drain-1: %d, want 1 (%s)", len(l.Items), seen)
+	}
 
 	createEvent(t, "uncordon-1", node, transitionName(node, "uncordon"), nil, nil)
 	ev = waitEvent(t, "uncordon-1", time.Minute)
