@@ -106,7 +106,7 @@ func Run(ctx context.Context, o Options) error {
 	if err := os.MkdirAll(filepath.Dir(cfg.JournalPath), 0o700); err != nil {
 		return fmt.Errorf("agent: journal directory: %w", err)
 	}
-	jopts := journal.Options{CheckCommand: o.CheckCommand, Clock: clk,
+	jopts := journal.Options{CheckCommand: o.CheckCommand, Clock: clk, TrustCleanClose: true,
 		ObserveCommit: func(d time.Duration) { metrics.JournalCommit.Observe(d.Seconds()) }}
 	j, rep, err := journal.Open(ctx, cfg.JournalPath, jopts)
 	if err != nil {
