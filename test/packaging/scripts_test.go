@@ -112,7 +112,7 @@ func TestMaintainerScriptsBehaviour(t *testing.T) {
 		update     = "deb-systemd-helper update-state lifecycle-agent.service"
 		reload     = "systemctl --system daemon-reload"
 		start      = "deb-systemd-invoke start lifecycle-agent.service"
-		tryRestart = "deb-systemd-invoke try-restart lifecycle-agent.service"
+		restart    = "deb-systemd-invoke restart lifecycle-agent.service"
 		stop       = "deb-systemd-invoke stop lifecycle-agent.service"
 		purge      = "deb-systemd-helper purge lifecycle-agent.service"
 		journal    = "/var/lib/lifecycle-agent/journal.db"
@@ -140,14 +140,14 @@ func TestMaintainerScriptsBehaviour(t *testing.T) {
 			wantCalls: []string{unmask, wasEnabled, enable, reload, start},
 		},
 		{
-			name: "upgrade restarts a running agent only", mode: "systemd",
+			name: "upgrade restarts the agent", mode: "systemd",
 			script: "postinst", args: []string{"configure", "0.0.9"}, wasEnabled: true,
-			wantCalls: []string{unmask, wasEnabled, enable, reload, tryRestart},
+			wantCalls: []string{unmask, wasEnabled, enable, reload, restart},
 		},
 		{
 			name: "upgrade keeps the admin's disable", mode: "systemd",
 			script: "postinst", args: []string{"configure", "0.0.9"}, wasEnabled: false,
-			wantCalls: []string{unmask, wasEnabled, update, reload, tryRestart},
+			wantCalls: []string{unmask, wasEnabled, update, reload, restart},
 		},
 		{
 			name: "install in a chroot enables without starting", mode: "nosystemd",

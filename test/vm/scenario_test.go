@@ -511,8 +511,8 @@ func newerDeb(t *testing.T, deb, dir string) string {
 	return p
 }
 
-// (e) apt-get remove keeps /var/lib/lifecycle-agent (and the config);
-// purge removes both.
+// (e) apt-get remove keeps /var/lib/lifecycle-agent (and the config), and
+// the package installed again starts on that journal; purge removes both.
 func TestScenarioRemovePurge(t *testing.T) {
 	defer vm.Scenario(t)()
 	a := startAgentNode(t)
@@ -530,6 +530,13 @@ func TestScenarioRemovePurge(t *testing.T) {
 	}
 	if !strings.Contains(out, "journal.db") || !strings.Contains(out, vm.GuestConfig) {
 		t.Errorf("after remove, the journal or the config is gone: %q", out)
+	}
+	// Installed again: it starts by itself, on the journal the removal kept.
+	inode := strings.TrimSpace(a.v.MustRun("stat -c %i " + vm.GuestStateDir + "/journal.db"))
+	t.Logf("dpkg -i again after remove:\n%s", vm.InstallDeb(t, a.v, a.deb))
+	vm.WaitAgentActive(t, a.v, agentStartTimeout)
+	if again := strings.TrimSpace(a.v.MustRun("stat -c %i " + vm.GuestStateDir + "/journal.db")); again != inode {
+		t.Errorf("the reinstalled agent did not keep the journal (inode %s, was %s)", again, inode)
 	}
 	a.v.MustRun("DEBIAN_FRONTEND=noninteractive apt-get purge -y lifecycle-agent 2>&1")
 	if out, code := a.v.Run("test ! -e " + vm.GuestStateDir + " && test ! -e " + vm.GuestConfig + " && ! dpkg-query -W lifecycle-agent 2>/dev/null"); code != 0 {
