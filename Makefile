@@ -38,6 +38,7 @@ lint: ## gofmt + go vet
 
 test: lint kubebin ## everything: lint, unit, real-apiserver, D-Bus, packaging and VM tests
 	$(GO) test -tags $(TAGS) $(GOFLAGS_TEST) -timeout $(TEST_TIMEOUT) $$($(GO) list -tags $(TAGS) ./... | grep -v /test/vm$$)
+	$(MAKE) bench-ci
 	$(MAKE) test-vm
 
 test-unit: ## only the fast tests (no control plane)
