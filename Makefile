@@ -49,13 +49,16 @@ test-unit: ## only the fast tests (no control plane)
 # Needs root and the Debian packages qemu-system-x86 qemu-utils debootstrap
 # e2fsprogs xz-utils openssh-client python3.
 VM_TEST_TIMEOUT ?= 60m
-VM_CI_TESTS := ^(TestVMInfrastructure|TestScenarioReboot|TestScenarioShutdown|TestScenarioPowerCut)$$
+# Every scenario runs in make test: the whole package took 10-13 minutes on
+# this 2-core machine (harness 2m10s, (a) 1m11s, (b) 1m08s, (c) 3m17s,
+# (d) 1m52s, (e) 1m25s), within the 20 minutes the issue allows for CI.
+# VM_TESTS narrows it (a go test -run pattern) when working on one scenario.
+VM_TESTS ?= .
 
-test-vm: kubebin deb ## VM tests run by CI: harness, (a) reboot, (b) graceful shutdown, (c) power cuts
-	$(GO) test -tags $(TAGS) -count=1 -v -timeout $(VM_TEST_TIMEOUT) -run '$(VM_CI_TESTS)' ./test/vm/
+test-vm: kubebin deb ## VM tests: harness, (a) reboot, (b) graceful shutdown, (c) power cuts, (d) upgrade mid-transition, (e) remove/purge
+	$(GO) test -tags $(TAGS) -count=1 -v -timeout $(VM_TEST_TIMEOUT) -run '$(VM_TESTS)' ./test/vm/
 
-test-vm-full: kubebin deb ## every VM test: also (d) upgrade mid-transition and (e) remove/purge
-	$(GO) test -tags $(TAGS) -count=1 -v -timeout $(VM_TEST_TIMEOUT) ./test/vm/
+test-vm-full: test-vm ## the same as test-vm (every scenario); kept for old habits
 
 demo: build kubebin ## the main job on an embedded local control plane, host actions simulated
 	$(GO) run -tags $(TAGS) ./hack/demo
