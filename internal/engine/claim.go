@@ -144,6 +144,14 @@ func (e *Engine) claim(ctx context.Context, cached *v1alpha1.LifecycleEvent) (*a
 		e.cfg.Metrics.ClaimLatency.Observe(now.Sub(ev.CreationTimestamp.Time).Seconds())
 		e.log.Info("claimed", "event", ev.Name, "driver", d.Name(), "transition", lt.Name)
 		fin = got
+		// The Node condition goes out now, in parallel with the finalizer
+		// below: it reports, it changes nothing on the host. (A crash
+		// before the snapshot leaves it queued; the event, Claimed by us,
+		// is adopted at the next start and ends it.)
+		if planErr == nil {
+			e.pushNode(a, d.Start(), corev1.ConditionTrue, false)
+			a.nodeStarted = true
+		}
 	}
 	// Finalizer before any side effect.
 	got, err := e.cfg.API.SetFinalizerOn(ctx, fin, true)

@@ -54,6 +54,8 @@ type Engine struct {
 
 	wake      chan struct{}
 	flushWake chan struct{}
+	flushed   chan struct{}        // poked after each outbox delivery (finish waits on it)
+	deleted   map[string]time.Time // UIDs collect deleted, until the watch catches up
 	watch     *apiclient.EventWatch
 
 	mu      sync.Mutex
@@ -81,7 +83,7 @@ func New(cfg Config) (*Engine, error) {
 		cfg.Metrics = NewMetrics(nil)
 	}
 	e := &Engine{cfg: cfg, log: cfg.Log, drivers: map[string]drivers.Driver{},
-		wake: make(chan struct{}, 1), flushWake: make(chan struct{}, 1)}
+		wake: make(chan struct{}, 1), flushWake: make(chan struct{}, 1), flushed: make(chan struct{}, 1), deleted: map[string]time.Time{}}
 	for _, d := range cfg.Drivers {
 		e.drivers[d.Name()] = d
 	}
@@ -265,8 +267,18 @@ func (e *Engine) collect(ctx context.Context) {
 		if now.Before(ev.Status.CompletionTime.Add(e.cfg.EventRetention)) {
 			continue
 		}
+		if _, done := e.deleted[string(ev.UID)]; done {
+			continue // deleted; the watch has not said so yet
+		}
 		if err := e.cfg.API.DeleteEvent(ctx, ev); err != nil {
 			e.log.Warn("deleting a finished event failed", "event", ev.Name, "err", err)
+			continue
+		}
+		e.deleted[string(ev.UID)] = now
+	}
+	for uid, at := range e.deleted {
+		if now.Sub(at) > 10*time.Minute {
+			delete(e.deleted, uid)
 		}
 	}
 }

@@ -29,6 +29,7 @@ type active struct {
 	slot          string
 	jstate        journal.EventState
 	failNow       error // refuse before the first step (bad parameters)
+	nodeStarted   bool  // the Node condition "in progress" is queued
 
 	mu         sync.Mutex
 	cancelErr  error
@@ -81,8 +82,11 @@ func (e *Engine) execute(ctx context.Context, a *active) {
 			a.status.Steps = append(a.status.Steps, v1alpha1.StepStatus{Name: s.Name, State: v1alpha1.StepPending})
 		}
 	}
-	// Node condition: the transition is in progress.
-	e.pushNode(a, a.driver.Start(), corev1.ConditionTrue, false)
+	// Node condition: the transition is in progress (a fresh claim already
+	// queued it, see claim).
+	if !a.nodeStarted {
+		e.pushNode(a, a.driver.Start(), corev1.ConditionTrue, false)
+	}
 	outcome, msg := e.runSteps(ctx, a)
 	if ctx.Err() != nil {
 		return // the agent is stopping: resume from the journal next time
@@ -365,8 +369,11 @@ func (e *Engine) finish(ctx context.Context, a *active, outcome journal.Outcome,
 			break
 		}
 		poke(e.flushWake)
-		if !e.sleep(ctx, 500*time.Millisecond) {
+		select {
+		case <-ctx.Done():
 			return
+		case <-e.flushed:
+		case <-e.cfg.Clock.After(500 * time.Millisecond):
 		}
 	}
 	// gofail: var engineBeforeFinalizerRemove struct{}
@@ -530,6 +537,7 @@ func (e *Engine) flushLoop(ctx context.Context) {
 					// conflicts, outages) is retried.
 					e.log.Warn("outbox: the API server refused a write; dropping it", "seq", pending[0].Seq, "kind", pending[0].Kind.String(), "err", err)
 					_ = e.cfg.Journal.OutboxAck(pending[0].Seq)
+					poke(e.flushed)
 					continue
 				}
 				fails++
@@ -541,6 +549,7 @@ func (e *Engine) flushLoop(ctx context.Context) {
 			}
 			fails = 0
 			_ = e.cfg.Journal.OutboxAck(pending[0].Seq)
+			poke(e.flushed)
 			continue
 		}
 		select {
