@@ -34,24 +34,12 @@ func (c *Client) UpdateEventStatus(ctx context.Context, ev *v1alpha1.LifecycleEv
 // conflict it falls back to SetFinalizer's read and retry. It returns the
 // updated object when its own update went through, else nil.
 func (c *Client) SetFinalizerOn(ctx context.Context, ev *v1alpha1.LifecycleEvent, on bool) (*v1alpha1.LifecycleEvent, error) {
-	has := false
-	var keep []string
-	for _, f := range ev.Finalizers {
-		if f == v1alpha1.Finalizer {
-			has = true
-			continue
-		}
-		keep = append(keep, f)
-	}
-	if has == on {
+	fins, change := withFinalizer(ev.Finalizers, on)
+	if !change {
 		return nil, nil
 	}
 	cp := ev.DeepCopy()
-	if on {
-		cp.Finalizers = append(cp.Finalizers, v1alpha1.Finalizer)
-	} else {
-		cp.Finalizers = keep
-	}
+	cp.Finalizers = fins
 	got, err := c.LC.Events.Update(ctx, cp, metav1.UpdateOptions{})
 	switch {
 	case apierrors.IsConflict(err):
@@ -62,6 +50,27 @@ func (c *Client) SetFinalizerOn(ctx context.Context, ev *v1alpha1.LifecycleEvent
 		return nil, fmt.Errorf("apiclient: finalizer on %s: %w", ev.Name, err)
 	}
 	return got, nil
+}
+
+// withFinalizer returns fins with the agent's finalizer (on) or without it,
+// and whether that differs from fins.
+func withFinalizer(fins []string, on bool) ([]string, bool) {
+	has := false
+	var keep []string
+	for _, f := range fins {
+		if f == v1alpha1.Finalizer {
+			has = true
+			continue
+		}
+		keep = append(keep, f)
+	}
+	if has == on {
+		return fins, false
+	}
+	if on {
+		return append(keep, v1alpha1.Finalizer), true
+	}
+	return keep, true
 }
 
 // SetFinalizer adds (on=true) or removes the agent's finalizer, retrying
@@ -75,23 +84,11 @@ func (c *Client) SetFinalizer(ctx context.Context, name string, on bool) error {
 		if err != nil {
 			return err
 		}
-		has := false
-		var keep []string
-		for _, f := range ev.Finalizers {
-			if f == v1alpha1.Finalizer {
-				has = true
-				continue
-			}
-			keep = append(keep, f)
-		}
-		if has == on {
+		fins, change := withFinalizer(ev.Finalizers, on)
+		if !change {
 			return nil
 		}
-		if on {
-			ev.Finalizers = append(ev.Finalizers, v1alpha1.Finalizer)
-		} else {
-			ev.Finalizers = keep
-		}
+		ev.Finalizers = fins
 		_, err = c.LC.Events.Update(ctx, ev, metav1.UpdateOptions{})
 		if err == nil || (apierrors.IsNotFound(err) && !on) {
 			return nil
