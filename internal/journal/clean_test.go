@@ -25,10 +25,7 @@ func TestCleanCloseSkipsTheCheck(t *testing.T) {
 	opts := testOptions(t)
 	checks := countingChecker(t, &opts)
 
-	j, rep, err := Open(context.Background(), path, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
+	j, rep := openJournal(t, path, opts)
 	mustPutEvent(t, j, testEvent("uid-a"))
 	if rep.CleanClose {
 		t.Errorf("a new journal reported a clean close")
@@ -40,10 +37,7 @@ func TestCleanCloseSkipsTheCheck(t *testing.T) {
 		t.Fatalf("Close left no marker: %v", err)
 	}
 
-	j, rep, err = Open(context.Background(), path, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
+	j, rep = openJournal(t, path, opts)
 	if !rep.CleanClose || *checks != 0 {
 		t.Errorf("after a clean close: CleanClose=%v, %d checks; want true, 0", rep.CleanClose, *checks)
 	}
@@ -62,23 +56,14 @@ func TestNoCloseMeansCheck(t *testing.T) {
 	path := journalPath(t)
 	opts := testOptions(t)
 	checks := countingChecker(t, &opts)
-	j, _, err := Open(context.Background(), path, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
+	j, _ := openJournal(t, path, opts)
 	mustPutEvent(t, j, testEvent("uid-a"))
 	_ = j.Close()
 	// The next agent opens it (marker consumed) and dies without Close.
-	j, _, err = Open(context.Background(), path, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
+	j, _ = openJournal(t, path, opts)
 	mustPutEvent(t, j, testEvent("uid-b"))
 	_ = j.db.Close() // the file is released, as by the kernel at exit; no marker
-	_, rep, err := Open(context.Background(), path, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, rep := openJournal(t, path, opts)
 	if rep.CleanClose || *checks != 1 {
 		t.Errorf("after a crash: CleanClose=%v, %d checks; want false, 1", rep.CleanClose, *checks)
 	}
@@ -90,10 +75,7 @@ func TestChangedAfterCleanCloseIsChecked(t *testing.T) {
 	path := journalPath(t)
 	opts := testOptions(t)
 	checks := countingChecker(t, &opts)
-	j, _, err := Open(context.Background(), path, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
+	j, _ := openJournal(t, path, opts)
 	mustPutEvent(t, j, testEvent("uid-a"))
 	_ = j.Close()
 	f, err := os.OpenFile(path, os.O_WRONLY, 0)
@@ -111,11 +93,7 @@ func TestChangedAfterCleanCloseIsChecked(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = f.Close()
-	j, rep, err := Open(context.Background(), path, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer j.Close()
+	j, rep := openJournal(t, path, opts)
 	if rep.CleanClose || *checks != 1 || rep.Corruption == nil {
 		t.Errorf("after a change: CleanClose=%v, %d checks, corruption %v; want false, 1, moved aside", rep.CleanClose, *checks, rep.Corruption)
 	}
@@ -127,16 +105,9 @@ func TestCleanCloseIgnoredUnlessTrusted(t *testing.T) {
 	opts := testOptions(t)
 	checks := countingChecker(t, &opts)
 	opts.TrustCleanClose = false
-	j, _, err := Open(context.Background(), path, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
+	j, _ := openJournal(t, path, opts)
 	_ = j.Close()
-	j, rep, err := Open(context.Background(), path, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer j.Close()
+	j, rep := openJournal(t, path, opts)
 	if rep.CleanClose || *checks != 1 {
 		t.Errorf("CleanClose=%v, %d checks; want false, 1", rep.CleanClose, *checks)
 	}
