@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	daemon "github.com/lifecycle-agent/lifecycle-agent/internal/agent"
+	"github.com/lifecycle-agent/lifecycle-agent/internal/engine"
 
 	"github.com/spf13/cobra"
 )
@@ -33,6 +35,30 @@ current step, queued status writes and the enabled drivers.`,
 	return cmd
 }
 
+// apiLine is status's "api:" line: whether the agent hears from the API
+// server, since when not, and the last error.
+func apiLine(a engine.APISnapshot, now time.Time) string {
+	ago := func(ts string) string {
+		t, err := time.Parse(time.RFC3339, ts)
+		if err != nil {
+			return ts
+		}
+		return fmt.Sprintf("%s (%s ago)", ts, now.Sub(t).Round(time.Second))
+	}
+	heard := "never"
+	if a.LastHeard != "" {
+		heard = ago(a.LastHeard)
+	}
+	if !a.Reachable {
+		return fmt.Sprintf("UNREACHABLE since %s; last heard %s; last error: %s", ago(a.UnreachableSince), heard, a.LastError)
+	}
+	line := "reachable, last heard " + heard
+	if !a.WatchSynced {
+		line += "; event watch not synced yet"
+	}
+	return line
+}
+
 // runStatus is `lifecycle-agent status`.
 func runStatus(ctx context.Context, e *env, o statusOptions) error {
 	s, err := daemon.StatusFromSocket(ctx, e.cfg.SocketPath)
@@ -45,8 +71,8 @@ func runStatus(ctx context.Context, e *env, o statusOptions) error {
 		return enc.Encode(s)
 	}
 	w := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintf(w, "node:\t%s\nidentity:\t%s\nstate:\t%s\noutbox:\t%d pending status write(s)\ndrivers:\t%s\n",
-		s.Node, s.Identity, s.State, s.Outbox, strings.Join(s.Drivers, ", "))
+	fmt.Fprintf(w, "node:\t%s\nidentity:\t%s\nstate:\t%s\napi:\t%s\noutbox:\t%d pending status write(s)\ndrivers:\t%s\n",
+		s.Node, s.Identity, s.State, apiLine(s.API, time.Now()), s.Outbox, strings.Join(s.Drivers, ", "))
 	if ev := s.Event; ev != nil {
 		fmt.Fprintf(w, "event:\t%s (%s, %s)\n", ev.Name, ev.Driver, ev.ClaimStatus)
 		if ev.Deadline != "" {

@@ -155,6 +155,7 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
+	registerContactMetrics(reg, api)
 	identity := Identity(cfg.NodeName, cfg.JournalPath)
 	eng, err := engine.New(engine.Config{
 		Node: cfg.NodeName, Identity: identity, API: api, Journal: j, Drivers: drv, Host: hostOps,
@@ -191,6 +192,27 @@ func Run(ctx context.Context, o Options) error {
 	err = eng.Run(ctx)
 	notify("STOPPING", "stopping")
 	return err
+}
+
+// registerContactMetrics exports apiclient.Contact: when the agent last
+// heard from the API server, and whether its last request got an answer.
+func registerContactMetrics(reg prometheus.Registerer, api *apiclient.Client) {
+	reg.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "lifecycle_agent_api_last_contact_timestamp_seconds",
+			Help: "Unix time of the last response (or watch data) from the API server; 0 if none yet."}, func() float64 {
+			t := api.Contact().LastHeard
+			if t.IsZero() {
+				return 0
+			}
+			return float64(t.UnixNano()) / 1e9
+		}),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "lifecycle_agent_api_reachable",
+			Help: "1 if the agent's most recent API request got a response, 0 if it failed without one."}, func() float64 {
+			if api.Contact().Reachable {
+				return 1
+			}
+			return 0
+		}))
 }
 
 // serve starts the metrics/healthz listener and the control socket.

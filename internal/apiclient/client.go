@@ -23,6 +23,7 @@ type Client struct {
 	watchLC *LifecycleClients // LC without the client-side timeout, for watches
 	evicts  *evictionRecorder
 	restCfg *rest.Config
+	contact *Contact
 
 	leaseMu   sync.Mutex
 	nodeLease *v1alpha1.LifecycleLease // as our last write of it returned
@@ -51,12 +52,13 @@ func New(cfg *rest.Config, node string, timeout time.Duration) (*Client, error) 
 		c.QPS, c.Burst = 20, 40
 	}
 	rec := &evictionRecorder{blocked: map[string]string{}}
+	contact := newContact(time.Now)
 	prev := c.WrapTransport
 	c.WrapTransport = func(rt http.RoundTripper) http.RoundTripper {
 		if prev != nil {
 			rt = prev(rt)
 		}
-		return &evictionTransport{next: rt, rec: rec}
+		return &evictionTransport{next: &contactTransport{next: rt, c: contact}, rec: rec}
 	}
 	core, err := kubernetes.NewForConfig(c)
 	if err != nil {
@@ -79,8 +81,11 @@ func New(cfg *rest.Config, node string, timeout time.Duration) (*Client, error) 
 	if err != nil {
 		return nil, err
 	}
-	return &Client{Node: node, Core: core, LC: lc, watchLC: wlc, evicts: rec, restCfg: c}, nil
+	return &Client{Node: node, Core: core, LC: lc, watchLC: wlc, evicts: rec, restCfg: c, contact: contact}, nil
 }
+
+// Contact says when the agent last heard from the API server (see Contact).
+func (c *Client) Contact() ContactState { return c.contact.State() }
 
 // Config returns the rest.Config the client was built with.
 func (c *Client) Config() *rest.Config { return rest.CopyConfig(c.restCfg) }

@@ -65,7 +65,8 @@ type Runtime interface {
 	// Host verbs: real, or simulated (logged and journaled, not performed)
 	// under host.mode=simulate.
 	Host() HostOps
-	// Params are the event's parameters (already validated by Plan).
+	// Params are the event's parameters (already validated by Plan), as
+	// the driver's Resolve fixed them at claim for a Resolver.
 	Params() map[string]string
 }
 
@@ -104,6 +105,17 @@ type NodeAPI interface {
 	Drain(ctx context.Context, o apiclient.DrainOptions) (apiclient.DrainResult, error)
 	PodsLeft(ctx context.Context, o apiclient.DrainOptions) ([]string, error)
 	NodeReady(ctx context.Context) (bool, error)
+}
+
+// Resolver drivers turn an event's parameters into a fixed plan once, at
+// claim, against the live host (gpu-reset: gpus=all becomes the UUIDs seen
+// then). The engine journals the returned map with the event and, on every
+// replay, passes it — not the original parameters — to Plan and to
+// Runtime.Params, so a replay never re-resolves against a host that changed
+// in between (a GPU that fell off the bus, a profile edited in the config).
+// An error fails the event before any step runs, with the error as message.
+type Resolver interface {
+	Resolve(ctx context.Context, params map[string]string) (map[string]string, error)
 }
 
 // Abortable drivers undo their owned changes themselves on abort; others

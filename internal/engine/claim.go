@@ -96,14 +96,18 @@ func (e *Engine) claim(ctx context.Context, cached *v1alpha1.LifecycleEvent) (*a
 	if !applies {
 		return nil, e.reject(ctx, ev, fmt.Sprintf("LifecycleTransition %q does not apply to node %s", lt.Name, e.cfg.Node))
 	}
-	steps, planErr := d.Plan(ev.Spec.Parameters)
+	params, planErr := e.resolve(ctx, d, ev.Spec.Parameters)
+	var steps []drivers.Step
+	if planErr == nil {
+		steps, planErr = d.Plan(params)
+	}
 
 	// The per-node Lease: at most one claimed event per node, across processes.
 	holder := apiclient.LeaseHolder{Identity: e.cfg.Identity, Event: ev.Name, EventUID: string(ev.UID), Duration: e.cfg.LeaseDuration}
 	if err := e.cfg.API.AcquireNodeLease(ctx, holder, now); err != nil {
 		return nil, err
 	}
-	a := &active{name: ev.Name, uid: string(ev.UID), driver: d, steps: steps, tn: lt.Name}
+	a := &active{name: ev.Name, uid: string(ev.UID), driver: d, steps: steps, tn: lt.Name, params: params}
 	fin := ev // the object the finalizer is added to: the claim's result when we claim
 	if adopt {
 		a.status = ev.Status
@@ -179,6 +183,16 @@ func (e *Engine) claim(ctx context.Context, cached *v1alpha1.LifecycleEvent) (*a
 	return a, nil
 }
 
+// resolve fixes a Resolver driver's plan (see drivers.Resolver); other
+// drivers run with the event's parameters as they are.
+func (e *Engine) resolve(ctx context.Context, d drivers.Driver, params map[string]string) (map[string]string, error) {
+	r, ok := d.(drivers.Resolver)
+	if !ok {
+		return params, nil
+	}
+	return r.Resolve(ctx, params)
+}
+
 // reject writes Failed on an event the agent cannot run, with the reason.
 func (e *Engine) reject(ctx context.Context, ev *v1alpha1.LifecycleEvent, why string) error {
 	now := metav1.NewTime(e.cfg.Clock.Now())
@@ -204,6 +218,13 @@ func (e *Engine) snapshot(a *active, st journal.EventState) error {
 		return err
 	}
 	attrs := map[string]string{"transition": a.tn}
+	if a.params != nil {
+		raw, err := json.Marshal(a.params)
+		if err != nil {
+			return err
+		}
+		attrs["params"] = string(raw)
+	}
 	if a.slot != "" {
 		attrs["slot"] = a.slot
 	}
@@ -225,8 +246,16 @@ func (e *Engine) resume(r journal.EventRecord) (*active, error) {
 	if !ok {
 		return nil, fmt.Errorf("driver %s is not enabled any more", r.Driver)
 	}
-	steps, planErr := d.Plan(ev.Spec.Parameters)
-	a := &active{name: r.Name, uid: r.UID, driver: d, steps: steps, ev: &ev, status: ev.Status,
+	// The plan fixed at claim, never a fresh resolution against the host.
+	params := ev.Spec.Parameters
+	if raw, ok := r.Attrs["params"]; ok {
+		params = nil
+		if err := json.Unmarshal([]byte(raw), &params); err != nil {
+			return nil, fmt.Errorf("decode the journaled plan: %w", err)
+		}
+	}
+	steps, planErr := d.Plan(params)
+	a := &active{name: r.Name, uid: r.UID, driver: d, steps: steps, ev: &ev, status: ev.Status, params: params,
 		tn: r.Attrs["transition"], slot: r.Attrs["slot"], jstate: r.State, failNow: planErr}
 	if a.status.Sla != nil {
 		a.deadline = a.status.Sla.Time

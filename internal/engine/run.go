@@ -24,6 +24,7 @@ type active struct {
 	ev            *v1alpha1.LifecycleEvent
 	driver        drivers.Driver
 	steps         []drivers.Step
+	params        map[string]string // as resolved at claim (drivers.Resolver) and journaled
 	status        v1alpha1.LifecycleEventStatus
 	deadline      time.Time
 	slot          string

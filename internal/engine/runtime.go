@@ -22,7 +22,7 @@ func (r *stepRuntime) EventName() string         { return r.a.name }
 func (r *stepRuntime) Node() string              { return r.e.cfg.Node }
 func (r *stepRuntime) BootID() string            { return r.e.cfg.Host.BootID() }
 func (r *stepRuntime) Host() drivers.HostOps     { return r.e.cfg.Host }
-func (r *stepRuntime) Params() map[string]string { return r.a.ev.Spec.Parameters }
+func (r *stepRuntime) Params() map[string]string { return r.a.params }
 func (r *stepRuntime) API() drivers.NodeAPI      { return r.e.cfg.API }
 func (r *stepRuntime) Progress(msg string) {
 	r.a.status.Message = truncate(msg)

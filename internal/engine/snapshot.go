@@ -1,6 +1,8 @@
 package engine
 
 import (
+	"time"
+
 	"github.com/lifecycle-agent/lifecycle-agent/api/v1alpha1"
 )
 
@@ -11,8 +13,22 @@ type Snapshot struct {
 	State    string                `json:"state"`
 	Drivers  []string              `json:"drivers"`
 	Event    *EventSnapshot        `json:"event,omitempty"`
+	API      APISnapshot           `json:"api"`
 	Outbox   int                   `json:"outboxDepth"`
 	History  []HistorySnapshotItem `json:"history,omitempty"`
+}
+
+// APISnapshot says whether the agent hears from the API server (see
+// apiclient.Contact): a deaf agent shows here before anyone misses a claim.
+type APISnapshot struct {
+	Reachable bool `json:"reachable"`
+	// LastHeard is the last response or watch byte from the server (RFC 3339, "" never).
+	LastHeard string `json:"lastHeard,omitempty"`
+	// UnreachableSince is the first failed request after LastHeard.
+	UnreachableSince string `json:"unreachableSince,omitempty"`
+	LastError        string `json:"lastError,omitempty"`
+	// WatchSynced: the event watch has listed this node's events at least once.
+	WatchSynced bool `json:"watchSynced"`
 }
 
 // EventSnapshot is the event being run.
@@ -38,6 +54,16 @@ type HistorySnapshotItem struct {
 // Snapshot returns the engine's state for the control socket.
 func (e *Engine) Snapshot() Snapshot {
 	s := Snapshot{Node: e.cfg.Node, Identity: e.cfg.Identity, State: e.State()}
+	c := e.cfg.API.Contact()
+	s.API = APISnapshot{Reachable: c.Reachable, LastHeard: rfc3339(c.LastHeard), UnreachableSince: rfc3339(c.UnreachableSince)}
+	if !c.Reachable {
+		s.API.LastError = c.LastError
+	}
+	e.mu.Lock()
+	if e.watch != nil {
+		s.API.WatchSynced = e.watch.Synced()
+	}
+	e.mu.Unlock()
 	for _, d := range e.cfg.Drivers {
 		s.Drivers = append(s.Drivers, d.Name())
 	}
@@ -62,4 +88,11 @@ func (e *Engine) Snapshot() Snapshot {
 		}
 	}
 	return s
+}
+
+func rfc3339(t time.Time) string {
+	if t.IsZero() {
+		return ""
+	}
+	return t.UTC().Format(time.RFC3339)
 }
