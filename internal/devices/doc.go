@@ -26,7 +26,7 @@
 //
 // # What is read (Snapshot, per GPU, keyed by UUID)
 //
-//	identity       index, UUID, name, PCI bus ID, architecture
+//	identity       index, UUID, name, PCI bus ID, architecture, minor number
 //	MIG            GetMigMode current/pending
 //	persistence    GetPersistenceMode
 //	processes      GetComputeRunningProcesses + GetGraphicsRunningProcesses (PIDs)
@@ -49,7 +49,10 @@
 // NOT_SUPPORTED: fail closed), RetiredPagesPending, RemappedRowsPending,
 // RemappedRowsFailure, UncorrectableECC (volatile uncorrected > 0),
 // RecoveryAction=<X> (anything but NONE), FabricNotCompleted / FabricFailed
-// (NVSwitch systems only), and "XID <n>" for a latched critical XID. A signal
+// (NVSwitch systems only: a fabric state other than NOT_SUPPORTED and
+// NOT_STARTED, or an NVLink to an NVSwitch; a single SXM GPU without
+// NVSwitches reads NOT_STARTED and is healthy), and "XID <n>" for a latched
+// XID whose class is reset, reboot or replace (the class is in the details). A signal
 // answered with ERROR_NOT_SUPPORTED is unknown and listed, never unhealthy.
 // The Node condition is GPUHealthy: True/AllHealthy (or NoGPUs),
 // False/GPUUnhealthy with a message naming each failing GPU and its signals,
@@ -61,10 +64,14 @@
 // WatchEvents registers EventTypeXidCriticalError | EventTypeDoubleBitEccError
 // | EventTypeGpuRecoveryAction (intersected with GetSupportedEventTypes) and
 // loops on EventSet.Wait(EventWait, default 1 s) until ctx or Shutdown.
-// Application XIDs 13, 31, 43, 45 and 68 are ignored, as in the NVIDIA
-// device plugin (whose current list also ignores 109, context-switch
-// timeout; Config.IgnoredXIDs overrides). Critical XIDs are latched per GPU
-// until ClearXIDs (ResetAndVerify clears them after a successful reset).
+// Every XID is judged per code by ClassifyXID (xid.go, from NVIDIA's XID
+// catalogue): ignorable (13, 31, 43, 45, 68, 109, the device plugin's list;
+// Config.IgnoredXIDs overrides), informational (63, 92, 94, 154: logged and
+// delivered, never unhealthy), needs a GPU reset (48, 74, 95, 119, 120, 140
+// and any code not in the table: fail closed), needs a node reboot (62, 79),
+// needs the GPU replaced (64). Unhealthy ones are latched per GPU until
+// ClearXIDs (ResetAndVerify clears them after a successful reset); LatchXID
+// latches one seen elsewhere (the kernel log, the health state file).
 // Restart the watcher after a reset: registrations die with the handles.
 //
 // # GPU selection
@@ -87,7 +94,20 @@
 //     indices change). A failed removal (ERROR_IN_USE) undrains that GPU and
 //     rediscovers those already removed.
 //
-// resetMethod: nvidia-smi | nvml | auto (nvidia-smi when on PATH, else nvml).
+// resetMethod: nvidia-smi | nvml | auto. auto is nvidia-smi when found
+// (ResetterConfig.SMIPath, else PATH) and otherwise an error wrapping
+// ErrNoResetRoute: PCI remove/rediscover detaches GPUs from the bus and is
+// used only when configured by name. ResetterConfig.BeforeRemove is called
+// before each removal (the driver journals the unplug there); Rediscover
+// rescans the bus and fails naming any UUID still missing.
+//
+// # Holders
+//
+// FindHolders lists processes with a GPU's /dev/nvidia<minor> open (from
+// /proc/*/fd, with comm, systemd unit and pod UID from the cgroup), which
+// is what nvidia-smi refuses a reset on ("In use by another client"): an
+// NVML session counts, not only CUDA work. HolderPaths maps UUIDs to their
+// nodes (GPUInfo.Minor, GetMinorNumber).
 // DryRun logs the plan and changes nothing. Both routes need root, no
 // compute or graphics processes, persistence mode off (ResetAndVerify turns
 // it off and restores it), MIG disabled, and other NVML clients (DCGM,

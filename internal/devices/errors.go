@@ -24,6 +24,9 @@ var (
 	ErrPreconditions = errors.New("devices: reset preconditions not met")
 	// ErrUnhealthy: VerifyHealthy found at least one unhealthy GPU.
 	ErrUnhealthy = errors.New("devices: GPU unhealthy")
+	// ErrNoResetRoute: gpu.resetMethod auto found no nvidia-smi; the NVML
+	// route is never chosen silently.
+	ErrNoResetRoute = errors.New("devices: no GPU reset route")
 	// ErrFabricTimeout: the GPU did not reach GPU_FABRIC_STATE_COMPLETED in time.
 	ErrFabricTimeout = errors.New("devices: timed out waiting for fabric registration")
 	// ErrFabricFailed: fabric registration completed with an error status.

@@ -38,8 +38,9 @@ type Event struct {
 	// UUID of the GPU; empty when NVML could not name it, in which case the
 	// XID is latched on every watched GPU (fail closed).
 	UUID string
-	// XID for EventXID.
-	XID uint64
+	// XID and its class (ClassifyXID) for EventXID.
+	XID      uint64
+	XIDClass XIDClass
 	// RecoveryAction for EventRecoveryAction.
 	RecoveryAction RecoveryAction
 	// Data is the raw EventData.
@@ -197,20 +198,23 @@ func (m *Manager) classify(data nvml.EventData, uuid string, watched []string) (
 	ev := Event{At: m.clk.Now(), UUID: uuid, Data: data.EventData}
 	switch data.EventType {
 	case uint64(nvml.EventTypeXidCriticalError):
-		if m.ignored[data.EventData] {
+		class := ClassifyXID(data.EventData, m.ignoredCfg)
+		if class == XIDIgnorable {
 			m.log.Debug("ignoring application XID", "gpu", uuid, "xid", data.EventData)
 			return Event{}, false
 		}
-		ev.Kind, ev.XID = EventXID, data.EventData
-		targets := []string{uuid}
-		if uuid == "" {
-			targets = watched
-		}
-		for _, u := range targets {
-			m.latchXID(u, data.EventData)
+		ev.Kind, ev.XID, ev.XIDClass = EventXID, data.EventData, class
+		if class.Unhealthy() {
+			targets := []string{uuid}
+			if uuid == "" {
+				targets = watched
+			}
+			for _, u := range targets {
+				m.latchXID(u, data.EventData)
+			}
 		}
 		if m.limit.allow(fmt.Sprintf("xid/%s/%d", uuid, data.EventData)) {
-			m.log.Warn("critical XID", "gpu", uuid, "xid", data.EventData)
+			m.log.Warn("XID", "gpu", uuid, "xid", data.EventData, "needs", class.String())
 		}
 	case uint64(nvml.EventTypeDoubleBitEccError):
 		ev.Kind = EventDoubleBitECC
@@ -237,6 +241,18 @@ func (m *Manager) latchedXIDs(uuid string) []uint64 {
 	m.xmu.Lock()
 	defer m.xmu.Unlock()
 	return slices.Clone(m.xids[uuid])
+}
+
+// LatchXID records an XID seen outside the watcher (the kernel log read at
+// start, the health state kept across restarts) exactly as the watcher
+// would: ignorable and informational ones are not latched. It returns the
+// class.
+func (m *Manager) LatchXID(uuid string, xid uint64) XIDClass {
+	class := ClassifyXID(xid, m.ignoredCfg)
+	if class.Unhealthy() && uuid != "" {
+		m.latchXID(uuid, xid)
+	}
+	return class
 }
 
 // ClearXIDs forgets latched XIDs for the given GPUs (after a successful reset).

@@ -2,7 +2,6 @@ package devices
 
 import (
 	"fmt"
-	"strconv"
 	"strings"
 	"time"
 )
@@ -184,7 +183,8 @@ func evaluateGPU(g GPUInfo, nvswitch bool) GPUHealth {
 		}
 	}
 	for _, x := range g.CriticalXIDs {
-		add("XID " + strconv.FormatUint(x, 10))
+		add(xidSignal(x))
+		h.Details = append(h.Details, xidDetail(x, ClassifyXID(x, nil)))
 	}
 	h.Healthy = len(h.Reasons) == 0
 	return h

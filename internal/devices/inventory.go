@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -137,7 +138,10 @@ type GPUInfo struct {
 	Name         string
 	PCIBusID     string // e.g. 00000000:07:00.0
 	Architecture string // Ampere, Hopper, …
-	arch         nvml.DeviceArchitecture
+	// Minor is the device node's minor number: /dev/nvidia<Minor> (-1 when
+	// unreadable). Holders of that node block a reset.
+	Minor int
+	arch  nvml.DeviceArchitecture
 
 	MIGCurrent Tri
 	MIGPending Tri
@@ -261,7 +265,10 @@ func (m *Manager) snapshot(lib nvml.Interface) (Snapshot, error) {
 			m.readTopology(d.dev, &g)
 		}
 		g.CriticalXIDs = m.latchedXIDs(g.UUID)
-		if g.NVSwitchLinks > 0 || (g.Fabric.Known && g.Fabric.State != FabricNotSupported) {
+		// A fabric state counts only when it says a fabric exists: a single
+		// SXM GPU without NVSwitches reads NOT_STARTED (or NOT_SUPPORTED)
+		// forever and is healthy.
+		if g.NVSwitchLinks > 0 || (g.Fabric.Known && g.Fabric.State != FabricNotSupported && g.Fabric.State != FabricNotStarted) {
 			s.NVSwitch = true
 		}
 		s.GPUs = append(s.GPUs, g)
@@ -298,7 +305,7 @@ func (m *Manager) enumerate(lib nvml.Interface) ([]enumerated, error) {
 
 func newGPUInfo(index int) GPUInfo {
 	return GPUInfo{
-		Index: index, RecoveryAction: RecoveryActionUnknown,
+		Index: index, Minor: -1, RecoveryAction: RecoveryActionUnknown,
 		arch: nvml.DEVICE_ARCH_UNKNOWN, Architecture: archName(nvml.DEVICE_ARCH_UNKNOWN),
 	}
 }
@@ -320,6 +327,21 @@ func readIdentity(dev nvml.Device, g *GPUInfo) {
 		g.arch = a
 		g.Architecture = archName(a)
 	}
+	if n, ret := dev.GetMinorNumber(); g.note("GetMinorNumber", ret) {
+		g.Minor = n
+	}
+}
+
+// DevicePath is the GPU's device node under devRoot ("" means /dev):
+// <devRoot>/nvidia<Minor>, or "" when the minor number is unknown.
+func (g GPUInfo) DevicePath(devRoot string) string {
+	if g.Minor < 0 {
+		return ""
+	}
+	if devRoot == "" {
+		devRoot = "/dev"
+	}
+	return filepath.Join(devRoot, fmt.Sprintf("nvidia%d", g.Minor))
 }
 
 // failed reports whether a read whose op starts with prefix failed with

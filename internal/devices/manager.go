@@ -65,8 +65,9 @@ type Config struct {
 // DefaultIgnoredXIDs returns the application XIDs the NVIDIA device plugin
 // ignores (internal/rm/health.go): 13 graphics engine exception, 31 GPU
 // memory page fault, 43 GPU stopped processing, 45 preemptive cleanup,
-// 68 video processor exception. They point at the workload, not the GPU.
-func DefaultIgnoredXIDs() []uint64 { return []uint64{13, 31, 43, 45, 68} }
+// 68 video processor exception, 109 context-switch timeout. They point at
+// the workload, not the GPU. The full per-code table is ClassifyXID's.
+func DefaultIgnoredXIDs() []uint64 { return []uint64{13, 31, 43, 45, 68, 109} }
 
 // Manager owns the NVML lifecycle and every NVML call of the agent.
 //
@@ -78,6 +79,8 @@ type Manager struct {
 	log     *slog.Logger
 	clk     clock.Clock
 	ignored map[uint64]bool
+	// ignoredCfg is Config.IgnoredXIDs as given (nil: the table's default).
+	ignoredCfg []uint64
 
 	eventWait     time.Duration
 	fabricPoll    time.Duration
@@ -110,6 +113,7 @@ func New(cfg Config) (*Manager, error) {
 	if cfg.Clock == nil {
 		cfg.Clock = clock.RealClock{}
 	}
+	ignoredCfg := cfg.IgnoredXIDs
 	if cfg.IgnoredXIDs == nil {
 		cfg.IgnoredXIDs = DefaultIgnoredXIDs()
 	}
@@ -137,6 +141,7 @@ func New(cfg Config) (*Manager, error) {
 		log:           cfg.Logger,
 		clk:           cfg.Clock,
 		ignored:       ignored,
+		ignoredCfg:    ignoredCfg,
 		eventWait:     cfg.EventWait,
 		fabricPoll:    cfg.FabricPollInterval,
 		fabricTimeout: cfg.FabricTimeout,

@@ -39,7 +39,7 @@ func Describe(r Resetter, uuids []string) string {
 type ResetMethod string
 
 const (
-	ResetMethodAuto ResetMethod = "auto"       // nvidia-smi when on PATH, else nvml
+	ResetMethodAuto ResetMethod = "auto"       // nvidia-smi; an error when it is not found (never nvml)
 	ResetMethodSMI  ResetMethod = "nvidia-smi" // nvidia-smi --gpu-reset -i <uuid,…>
 	ResetMethodNVML ResetMethod = "nvml"       // drain → query → remove → discover
 )
@@ -98,6 +98,22 @@ type ResetterConfig struct {
 	SMITimeout time.Duration // 0 means DefaultSMITimeout
 	// LookPath finds nvidia-smi for auto; nil means exec.LookPath.
 	LookPath func(file string) (string, error)
+	// SMIPath is the nvidia-smi binary; "" means "nvidia-smi" on PATH (the
+	// agent passes <gpu.driverRoot>/usr/bin/nvidia-smi when a driver root
+	// is configured).
+	SMIPath string
+	// BeforeRemove (NVML route) is called with each GPU's UUID right before
+	// its removal from the bus; an error stops the reset before that GPU.
+	// The gpu-reset driver journals the unplug there, so that a crash
+	// between removal and rediscovery rediscovers on replay.
+	BeforeRemove func(uuid string) error
+}
+
+func smiPath(p string) string {
+	if p == "" {
+		return "nvidia-smi"
+	}
+	return p
 }
 
 // NewResetter builds the configured Resetter.
@@ -124,15 +140,18 @@ func (m *Manager) NewResetter(cfg ResetterConfig) (Resetter, error) {
 	var r Resetter
 	switch method {
 	case ResetMethodSMI:
-		r = &SMIResetter{Path: "nvidia-smi", Run: runner, Log: m.log}
+		r = &SMIResetter{Path: smiPath(cfg.SMIPath), Run: runner, Log: m.log}
 	case ResetMethodNVML:
-		r = m.NVMLResetter()
+		r = &NVMLResetter{m: m, BeforeRemove: cfg.BeforeRemove}
 	case ResetMethodAuto:
-		if p, err := lookPath("nvidia-smi"); err == nil {
-			r = &SMIResetter{Path: p, Run: runner, Log: m.log}
-		} else {
-			r = m.NVMLResetter()
+		// Never a silent fallback to PCI remove/rediscover: that route
+		// detaches the GPU from the bus and is chosen only by name.
+		p, err := lookPath(smiPath(cfg.SMIPath))
+		if err != nil {
+			return nil, fmt.Errorf("%w: %s not found (%w); install it, set gpu.driverRoot, or choose gpu.resetMethod=nvml (PCI remove and rediscover) explicitly",
+				ErrNoResetRoute, smiPath(cfg.SMIPath), err)
 		}
+		r = &SMIResetter{Path: p, Run: runner, Log: m.log}
 	}
 	m.log.Info("GPU reset method chosen", "method", string(method), "resetter", fmt.Sprintf("%T", r), "dryRun", cfg.DryRun)
 	if cfg.DryRun {
@@ -203,10 +222,40 @@ func clip(b []byte) string {
 // (DeviceRemoveGpu on drivers without _v2); then one DeviceDiscoverGpus (a
 // full PCI rescan, scrubbing ECC: seconds per GPU) and every UUID is
 // re-resolved. Needs root and Linux. Refuses when persistence mode is on.
-type NVMLResetter struct{ m *Manager }
+type NVMLResetter struct {
+	m *Manager
+	// BeforeRemove: see ResetterConfig.BeforeRemove.
+	BeforeRemove func(uuid string) error
+}
 
 // NVMLResetter returns the NVML-route Resetter bound to m.
 func (m *Manager) NVMLResetter() *NVMLResetter { return &NVMLResetter{m: m} }
+
+// Rediscover runs DeviceDiscoverGpus (a PCI rescan that brings back GPUs
+// removed by the NVML route) and then checks that every UUID given is
+// visible again. The gpu-reset driver calls it on replay when the journal
+// says a GPU was unplugged and the agent stopped before the rescan.
+func (m *Manager) Rediscover(uuids []string) error {
+	lib, release, err := m.acquire()
+	if err != nil {
+		return err
+	}
+	defer release()
+	if _, ret := lib.DeviceDiscoverGpus(); ret != nvml.SUCCESS {
+		return nvmlErr("", "DeviceDiscoverGpus", ret)
+	}
+	var missing []string
+	for _, u := range uuids {
+		if _, err := deviceByUUID(lib, u); err != nil {
+			missing = append(missing, u)
+		}
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("%w: %s still missing after DeviceDiscoverGpus", ErrUnknownGPU, strings.Join(missing, ", "))
+	}
+	m.log.Info("GPUs rediscovered", "gpus", len(uuids))
+	return nil
+}
 
 type resetTarget struct {
 	uuid string
@@ -284,6 +333,12 @@ func (r *NVMLResetter) Reset(ctx context.Context, uuids []string) error {
 		if err := ctx.Err(); err != nil {
 			resetErr = fmt.Errorf("devices: reset stopped before %s: %w", t.uuid, err)
 			break
+		}
+		if r.BeforeRemove != nil {
+			if err := r.BeforeRemove(t.uuid); err != nil {
+				resetErr = fmt.Errorf("devices: recording the removal of %s: %w", t.uuid, err)
+				break
+			}
 		}
 		if err := r.detach(lib, t, v2); err != nil {
 			resetErr = err

@@ -204,23 +204,25 @@ func TestNewResetter(t *testing.T) {
 		cfg      ResetterConfig
 		wantType string
 		wantDesc string
-		wantErr  bool
+		wantErr  string
 	}{
 		{name: "auto with nvidia-smi on PATH", cfg: ResetterConfig{LookPath: found}, wantType: "*devices.SMIResetter", wantDesc: "run /opt/bin/nvidia-smi --gpu-reset -i"},
-		{name: "auto without nvidia-smi", cfg: ResetterConfig{Method: ResetMethodAuto, LookPath: missing}, wantType: "*devices.NVMLResetter", wantDesc: "DeviceRemoveGpu_v2(DETACH_GPU_REMOVE, PCIE_LINK_KEEP)"},
+		// Never a silent fallback to PCI remove/rediscover.
+		{name: "auto without nvidia-smi", cfg: ResetterConfig{Method: ResetMethodAuto, LookPath: missing}, wantErr: "choose gpu.resetMethod=nvml"},
+		{name: "auto with a driver root", cfg: ResetterConfig{SMIPath: "/run/nvidia/driver/usr/bin/nvidia-smi", LookPath: func(f string) (string, error) { return f, nil }}, wantType: "*devices.SMIResetter", wantDesc: "run /run/nvidia/driver/usr/bin/nvidia-smi --gpu-reset"},
 		{name: "explicit nvml", cfg: ResetterConfig{Method: ResetMethodNVML, LookPath: found}, wantType: "*devices.NVMLResetter", wantDesc: "[0000:00:00.0]"},
 		{name: "explicit nvidia-smi", cfg: ResetterConfig{Method: ResetMethodSMI, LookPath: missing}, wantType: "*devices.SMIResetter", wantDesc: "run nvidia-smi --gpu-reset"},
 		{name: "dry run", cfg: ResetterConfig{Method: ResetMethodNVML, DryRun: true}, wantType: "*devices.dryRunResetter", wantDesc: "DeviceDiscoverGpus"},
-		{name: "bad method", cfg: ResetterConfig{Method: "reboot"}, wantErr: true},
+		{name: "bad method", cfg: ResetterConfig{Method: "reboot"}, wantErr: "want nvidia-smi, nvml or auto"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFleet(t, archH100)
 			m, _ := newTestManager(t, f)
 			r, err := m.NewResetter(tc.cfg)
-			if tc.wantErr {
-				if err == nil {
-					t.Fatal("want error")
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("err = %v, want it to contain %q", err, tc.wantErr)
 				}
 				return
 			}

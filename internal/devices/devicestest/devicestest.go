@@ -29,8 +29,21 @@
 // registration is reported) and DGXA100 (Ampere on NVSwitch: the reset group
 // is the whole set, GetGpuFabricInfo is NOT_SUPPORTED).
 //
-// Removed GPUs stay visible to enumeration (the mock does not renumber); the
-// model is about what is called and how often, not about PCI hot-plug.
+// Strict like the real tools:
+//
+//   - A GPU removed from the bus (NVML route) is gone: DeviceGetCount drops
+//     it, DeviceGetHandleByIndex skips it, DeviceGetHandleByUUID answers
+//     NOT_FOUND, nvidia-smi finds no such device — until DeviceDiscoverGpus.
+//     OffBus models a GPU that fell off the bus: gone, and no rediscovery
+//     brings it back.
+//   - With DeviceNodes, every GPU has a device node file (nvidia<minor> in
+//     a test directory). An initialized NVML session holds every node open,
+//     as libnvidia-ml does (Init opens, Shutdown closes; counted per
+//     process like nvmlInit). The nvidia-smi double refuses a reset while
+//     any process — this one's NVML session, or a stand-in child process —
+//     holds the GPU's node open, found from /proc/*/fd with
+//     devices.FindHolders, exactly as the agent looks for them, with the
+//     real tool's message: "In use by another client".
 package devicestest
 
 import (
@@ -39,6 +52,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -96,6 +110,10 @@ type GPU struct {
 	// Lost makes identity and signal reads answer ERROR_GPU_IS_LOST.
 	Lost bool
 
+	// OffBus: the GPU fell off the bus; invisible to NVML and nvidia-smi,
+	// and DeviceDiscoverGpus does not bring it back.
+	OffBus bool
+
 	// Set by the fleet.
 	Resets        int // resets that took effect
 	ResetAttempts int // resets tried (refused ones included)
@@ -116,6 +134,11 @@ type Fleet struct {
 	calls       []string
 	sets        []chan nvml.EventData // live event sets, each with its queue
 	setsCreated int
+
+	devRoot  string     // DeviceNodes' directory; "" without nodes
+	inits    int        // nvmlInit count minus nvmlShutdown count
+	held     []*os.File // the session's open device nodes
+	initFail nvml.Return
 }
 
 // New builds a fleet of the given model with healthy, idle GPUs:
@@ -142,6 +165,44 @@ func New(model Model) *Fleet {
 	}
 	f.wireServer()
 	return f
+}
+
+// DeviceNodes creates a device node file nvidia<minor> per GPU under dir
+// and returns dir. From then on an initialized NVML session holds them open
+// and the nvidia-smi double refuses a reset of a GPU whose node any process
+// holds. Call before the first Manager.
+func (f *Fleet) DeviceNodes(dir string) (string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for i := range f.srv.Devices {
+		p := filepath.Join(dir, fmt.Sprintf("nvidia%d", f.dev(i).Minor))
+		if err := os.WriteFile(p, nil, 0o600); err != nil {
+			return "", err
+		}
+	}
+	f.devRoot = dir
+	return dir, nil
+}
+
+// DevicePath is GPU i's device node (DeviceNodes).
+func (f *Fleet) DevicePath(i int) string {
+	return filepath.Join(f.devRoot, fmt.Sprintf("nvidia%d", f.dev(i).Minor))
+}
+
+// SessionOpen reports whether an NVML session (Init without Shutdown) is
+// open on the fleet.
+func (f *Fleet) SessionOpen() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.inits > 0
+}
+
+// FailInit makes the next Inits answer ret (SUCCESS clears it): a driver
+// being reloaded answers ERROR_DRIVER_NOT_LOADED.
+func (f *Fleet) FailInit(ret nvml.Return) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.initFail = ret
 }
 
 // Model is the fleet's model.
@@ -292,23 +353,41 @@ func (f *Fleet) RunSMI(argv []string) (string, error) {
 	var refusals []string
 	for _, u := range uuids {
 		i := f.Index(u)
-		if i < 0 {
+		if i < 0 || f.gpus[i].Removed || f.gpus[i].OffBus {
 			f.calls = append(f.calls, "nvidia-smi --gpu-reset -i "+argv[3]+" refused")
 			return "", fmt.Errorf("exit status 6: No devices were found matching %s", u)
 		}
+		targets = append(targets, i)
+	}
+	// Like nvidia-smi: any open file descriptor on the GPU's node counts.
+	var holders []devices.Holder
+	if f.devRoot != "" {
+		var paths []string
+		for _, i := range targets {
+			paths = append(paths, filepath.Join(f.devRoot, fmt.Sprintf("nvidia%d", f.dev(i).Minor)))
+		}
+		scan, err := devices.FindHolders("", paths)
+		if err != nil {
+			return "", fmt.Errorf("devicestest: nvidia-smi double: %w", err)
+		}
+		holders = scan.Holders
+	}
+	for _, i := range targets {
 		g := f.gpus[i]
 		g.ResetAttempts++
+		path := filepath.Join(f.devRoot, fmt.Sprintf("nvidia%d", f.dev(i).Minor))
+		held := slices.ContainsFunc(holders, func(h devices.Holder) bool { return h.Device == path })
 		switch {
-		case g.FailReset, len(g.ComputePIDs) > 0, len(g.GraphicsPIDs) > 0:
-			refusals = append(refusals, fmt.Sprintf("GPU %s is currently in use by another process", f.dev(i).PciBusID))
+		case g.FailReset, len(g.ComputePIDs) > 0, len(g.GraphicsPIDs) > 0, held:
+			refusals = append(refusals, fmt.Sprintf("GPU %s: In use by another client", f.dev(i).PciBusID))
 		case g.Persistence:
 			refusals = append(refusals, fmt.Sprintf("GPU %s: persistence mode is enabled", f.dev(i).PciBusID))
 		}
-		targets = append(targets, i)
 	}
 	if len(refusals) > 0 {
 		f.calls = append(f.calls, "nvidia-smi --gpu-reset -i "+argv[3]+" refused")
-		return "", fmt.Errorf("exit status 1: %s; 1 device is currently being used by one or more other processes", strings.Join(refusals, "; "))
+		return "", fmt.Errorf("exit status 255: The following GPUs could not be reset:\n  %s\n\n%d device is currently being used by one or more other processes (e.g., Fabric Manager, CUDA application, graphics application such as an X server, or a monitoring application such as another instance of nvidia-smi). Please first kill all processes using this device and all compute applications running in the system",
+			strings.Join(refusals, "\n  "), len(refusals))
 	}
 	f.calls = append(f.calls, "nvidia-smi --gpu-reset -i "+argv[3])
 	var out []string
@@ -451,11 +530,86 @@ func (f *Fleet) wireServer() {
 		f.calls = append(f.calls, "discover")
 		for i, g := range f.gpus {
 			g.drained = false
-			if g.Removed {
+			if g.Removed && !g.OffBus {
 				f.applyReset(i)
 			}
 		}
 		return nvml.PciInfo{}, nvml.SUCCESS
+	}
+	visible := func(i int) bool { return !f.gpus[i].Removed && !f.gpus[i].OffBus }
+	s.DeviceGetCountFunc = func() (int, nvml.Return) {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		n := 0
+		for i := range f.gpus {
+			if visible(i) {
+				n++
+			}
+		}
+		return n, nvml.SUCCESS
+	}
+	s.DeviceGetHandleByIndexFunc = func(index int) (nvml.Device, nvml.Return) {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		for i := range f.gpus {
+			if !visible(i) {
+				continue
+			}
+			if index == 0 {
+				return s.Devices[i], nvml.SUCCESS
+			}
+			index--
+		}
+		return nil, nvml.ERROR_INVALID_ARGUMENT
+	}
+	s.DeviceGetHandleByUUIDFunc = func(uuid string) (nvml.Device, nvml.Return) {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		for i := range f.gpus {
+			if f.dev(i).UUID == uuid {
+				if !visible(i) {
+					return nil, nvml.ERROR_NOT_FOUND
+				}
+				return s.Devices[i], nvml.SUCCESS
+			}
+		}
+		return nil, nvml.ERROR_NOT_FOUND
+	}
+	s.InitFunc = func() nvml.Return {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		if f.initFail != nvml.SUCCESS {
+			return f.initFail
+		}
+		f.inits++
+		if f.inits == 1 && f.devRoot != "" {
+			for i := range f.gpus {
+				if !visible(i) {
+					continue
+				}
+				fh, err := os.Open(filepath.Join(f.devRoot, fmt.Sprintf("nvidia%d", f.dev(i).Minor)))
+				if err != nil {
+					return nvml.ERROR_NO_PERMISSION
+				}
+				f.held = append(f.held, fh)
+			}
+		}
+		return nvml.SUCCESS
+	}
+	s.ShutdownFunc = func() nvml.Return {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		if f.inits == 0 {
+			return nvml.ERROR_UNINITIALIZED
+		}
+		f.inits--
+		if f.inits == 0 {
+			for _, fh := range f.held {
+				_ = fh.Close()
+			}
+			f.held = nil
+		}
+		return nvml.SUCCESS
 	}
 	s.EventSetCreateFunc = func() (nvml.EventSet, nvml.Return) {
 		ch := make(chan nvml.EventData, 64)

@@ -74,7 +74,7 @@ func TestResetRoutes(t *testing.T) {
 			wantCalls: []string{"drain %0 on", "remove %0 refused", "drain %0 off"}},
 		{name: "nvidia-smi", method: devices.ResetMethodSMI,
 			wantCalls: []string{"nvidia-smi --gpu-reset -i %0", "reset %0"}},
-		{name: "nvidia-smi busy", method: devices.ResetMethodSMI, busy: true, wantErr: "in use by another process",
+		{name: "nvidia-smi busy", method: devices.ResetMethodSMI, busy: true, wantErr: "In use by another client",
 			wantCalls: []string{"nvidia-smi --gpu-reset -i %0 refused"}},
 	}
 	for _, tc := range tests {
@@ -138,5 +138,83 @@ func TestLost(t *testing.T) {
 	err := m.VerifyHealthy(f.UUIDs())
 	if err == nil || !errors.Is(err, devices.ErrUnknownGPU) && !errors.Is(err, devices.ErrUnhealthy) {
 		t.Errorf("VerifyHealthy with a lost GPU: %v", err)
+	}
+}
+
+// TestStrictDoubles: the nvidia-smi double refuses while this process's
+// NVML session holds the device node, like the real tool; a GPU removed
+// from the bus is invisible until DeviceDiscoverGpus.
+func TestStrictDoubles(t *testing.T) {
+	tests := []struct {
+		name string
+		run  func(t *testing.T, f *Fleet, m *devices.Manager)
+	}{
+		{name: "nvidia-smi refuses while our NVML session is open, resets after Shutdown", run: func(t *testing.T, f *Fleet, m *devices.Manager) {
+			u := f.UUID(2)
+			_, err := f.RunSMI([]string{"nvidia-smi", "--gpu-reset", "-i", u})
+			if err == nil || !strings.Contains(err.Error(), "In use by another client") {
+				t.Fatalf("reset with the session open: %v, want In use by another client", err)
+			}
+			scan, err := devices.FindHolders("", []string{f.DevicePath(2)})
+			if err != nil || len(scan.Holders) != 1 {
+				t.Fatalf("holders of %s: %+v, %v", f.DevicePath(2), scan, err)
+			}
+			if err := m.Shutdown(); err != nil {
+				t.Fatal(err)
+			}
+			if f.SessionOpen() {
+				t.Fatal("session still open after Shutdown")
+			}
+			if _, err := f.RunSMI([]string{"nvidia-smi", "--gpu-reset", "-i", u}); err != nil {
+				t.Fatalf("reset after Shutdown: %v", err)
+			}
+			if err := m.Init(); err != nil {
+				t.Fatal(err)
+			}
+			if f.Resets()[u] != 1 {
+				t.Errorf("resets = %v", f.Resets())
+			}
+		}},
+		{name: "a removed GPU disappears until rediscovery", run: func(t *testing.T, f *Fleet, m *devices.Manager) {
+			u := f.UUID(5)
+			r := m.NVMLResetter()
+			var seen []string
+			r.BeforeRemove = func(uuid string) error {
+				seen = append(seen, uuid)
+				return errors.New("crash before the removal")
+			}
+			if err := r.Reset(t.Context(), []string{u}); err == nil {
+				t.Fatal("BeforeRemove error did not stop the reset")
+			}
+			if f.GPU(5).Removed || !slices.Equal(seen, []string{u}) {
+				t.Fatalf("removed %v, BeforeRemove saw %v", f.GPU(5).Removed, seen)
+			}
+			f.Set(5, func(g *GPU) { g.Removed = true }) // a crash after the removal
+			if l, _ := m.List(); len(l) != 7 {
+				t.Fatalf("List after removal: %d GPUs, want 7", len(l))
+			}
+			if _, err := m.ResolveByUUID(u); !errors.Is(err, devices.ErrUnknownGPU) {
+				t.Fatalf("ResolveByUUID of a removed GPU: %v", err)
+			}
+			if err := m.Rediscover([]string{u}); err != nil {
+				t.Fatal(err)
+			}
+			if l, _ := m.List(); len(l) != 8 {
+				t.Fatalf("List after rediscovery: %d GPUs, want 8", len(l))
+			}
+			f.Set(5, func(g *GPU) { g.OffBus = true })
+			if err := m.Rediscover([]string{u}); !errors.Is(err, devices.ErrUnknownGPU) {
+				t.Fatalf("Rediscover of a GPU off the bus: %v, want ErrUnknownGPU", err)
+			}
+		}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			f := New(DGXH100)
+			if _, err := f.DeviceNodes(t.TempDir()); err != nil {
+				t.Fatal(err)
+			}
+			tc.run(t, f, manager(t, f))
+		})
 	}
 }
