@@ -6,10 +6,13 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
+
+	"k8s.io/utils/clock"
 
 	"github.com/lifecycle-agent/lifecycle-agent/internal/apiclient"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/devices"
@@ -180,6 +183,27 @@ type GPUReset struct {
 	// took effect (the agent restarts its XID watcher: registrations die
 	// with the handles).
 	AfterReset func(uuids []string)
+	// SMIPath is nvidia-smi ("" means on PATH); the agent sets
+	// <gpu.driverRoot>/usr/bin/nvidia-smi when a driver root is configured.
+	SMIPath string
+	// Session pauses the agent's own NVML session and GPU monitor around
+	// the reset; nil means the agent holds no GPU (tests, tools).
+	Session GPUSession
+	// Operator and the Operator* fields clear the GPU Operator's pods
+	// (gpu.operator.*); Operator nil or no components: nothing is paused.
+	Operator            GPUOperatorAPI
+	OperatorComponents  []string
+	OperatorLabelPrefix string        // "" means DefaultGPUOperatorLabelPrefix
+	OperatorPausedValue string        // "" means DefaultGPUOperatorPausedValue
+	OperatorPodTimeout  time.Duration // 0 means DefaultGPUOperatorPodTimeout
+	OperatorPodPoll     time.Duration // 0 means DefaultGPUOperatorPodPoll
+	// Clock drives the waits; nil means the real clock.
+	Clock clock.Clock
+	// ProcRoot and DevRoot locate /proc and /dev for the holder scan (""
+	// means the real ones).
+	ProcRoot, DevRoot string
+	// FindHolders replaces devices.FindHolders(ProcRoot, …) (tests).
+	FindHolders func(paths []string) (devices.HolderScan, error)
 	// Log; nil discards.
 	Log *slog.Logger
 	// Failpoint, when set, is called at each crash boundary with its name
@@ -194,36 +218,77 @@ func (GPUReset) Start() string      { return "GPUResetStarted" }
 func (GPUReset) End() string        { return "GPUResetComplete" }
 func (GPUReset) SLA() time.Duration { return time.Hour }
 
-// gpuResetPlan is one event's validated parameters.
+// gpuResetPlan is one event's validated parameters and, once resolved at
+// claim, its fixed plan.
 type gpuResetPlan struct {
 	d     GPUReset
 	uuids []string // the selection, resolved to UUIDs, in index order
 	drain bool
 	o     apiclient.DrainOptions
+
+	// From the resolved map (Resolve); resolved false: a plan made from raw
+	// parameters, for validation only: its steps refuse to run.
+	resolved bool
+	group    []string
+	services []string
+	route    string
+	labels   map[string]string
+	all      bool
+	count    int
+	nvswitch bool
+	whole    bool
 }
 
-// Plan validates the parameters and returns the steps (see GPUReset). The
-// step list depends only on drain, so a replay gets the same list.
+func (d GPUReset) clock() clock.Clock {
+	if d.Clock == nil {
+		return clock.RealClock{}
+	}
+	return d.Clock
+}
+
+// Plan returns the steps (see GPUReset). Given the map Resolve fixed at
+// claim, it reads the selection, group, route, services and labels from it
+// and consults no live inventory (a replay never re-resolves). Given raw
+// parameters it validates them against the inventory and returns steps
+// that refuse to run (the engine always runs a resolved plan). The step
+// list depends only on drain, so a replay gets the same list.
 func (d GPUReset) Plan(m map[string]string) ([]Step, error) {
-	p, err := d.parse(m)
+	var p *gpuResetPlan
+	var err error
+	if m[gpuResolvedVersion] == "1" {
+		p, err = d.parseResolved(m)
+	} else {
+		p, err = d.parse(m)
+	}
 	if err != nil {
 		return nil, err
 	}
-	steps := []Step{{Name: gpuStepCheck, Run: p.check}}
+	run := func(f func(context.Context, Runtime) error) func(context.Context, Runtime) error {
+		return func(ctx context.Context, rt Runtime) error {
+			if !p.resolved {
+				return errors.New("gpu-reset: the plan was not fixed at claim (drivers.Resolver); refusing to act on raw parameters")
+			}
+			return f(ctx, rt)
+		}
+	}
+	steps := []Step{{Name: gpuStepCheck, Run: run(p.check)}}
 	if p.drain {
 		steps = append(steps, DrainSteps(p.o)...)
 	}
 	steps = append(steps,
-		Step{Name: gpuStepStopServices, Disruptive: true, Run: p.stopServices},
-		Step{Name: gpuStepPersistenceOff, Disruptive: true, Run: p.persistenceOff},
-		Step{Name: gpuStepReset, Disruptive: true, Run: p.reset, Done: p.resetDone},
-		Step{Name: gpuStepRestorePersistence, Run: p.restorePersistence},
-		Step{Name: gpuStepStartServices, Run: p.startServices},
-		Step{Name: gpuStepWaitFabric, Run: p.waitFabric},
-		Step{Name: gpuStepVerify, Run: p.verify},
+		Step{Name: gpuStepPauseOperator, NeedsAPI: true, Disruptive: true, Run: run(p.pauseOperator)},
+		Step{Name: gpuStepWaitOperator, NeedsAPI: true, Run: run(p.waitOperator)},
+		Step{Name: gpuStepStopServices, Disruptive: true, Run: run(p.stopServices)},
+		Step{Name: gpuStepPersistenceOff, Disruptive: true, Run: run(p.persistenceOff)},
+		Step{Name: gpuStepReset, Disruptive: true, Run: run(p.reset), Done: p.resetDone},
+		Step{Name: gpuStepRestorePersistence, Run: run(p.restorePersistence)},
+		Step{Name: gpuStepStartServices, Run: run(p.startServices)},
+		Step{Name: gpuStepWaitFabric, Run: run(p.waitFabric)},
+		Step{Name: gpuStepVerify, Run: run(p.verify)},
+		Step{Name: gpuStepRestoreOperator, NeedsAPI: true, Run: run(p.restoreOperator)},
 	)
 	if p.drain {
-		steps = append(steps, Step{Name: gpuStepUncordon, NeedsAPI: true, Run: p.uncordon})
+		steps = append(steps, Step{Name: gpuStepUncordon, NeedsAPI: true, Run: run(p.uncordon)})
 	}
 	return steps, nil
 }
@@ -451,26 +516,22 @@ func (p *gpuResetPlan) refuse(rt Runtime, blockers []string) error {
 // recheck reads the group's preconditions again, processes included, and
 // refuses on any blocker (fail closed).
 func (p *gpuResetPlan) recheck(rt Runtime) ([]string, error) {
-	g, err := p.d.Devices.ResetGroup(p.uuids)
+	pre, err := p.d.Devices.Preconditions(p.group)
 	if err != nil {
-		return nil, fmt.Errorf("gpu-reset: reset group of %s: %w", strings.Join(p.uuids, ", "), err)
-	}
-	pre, err := p.d.Devices.Preconditions(g.UUIDs)
-	if err != nil {
-		return nil, fmt.Errorf("gpu-reset: preconditions of %s: %w", strings.Join(g.UUIDs, ", "), err)
+		return nil, fmt.Errorf("gpu-reset: preconditions of %s: %w", strings.Join(p.group, ", "), err)
 	}
 	if len(pre.Blockers) > 0 {
 		return nil, p.refuse(rt, pre.Blockers)
 	}
-	return g.UUIDs, nil
+	return slices.Clone(p.group), nil
 }
 
 func (p *gpuResetPlan) stopServices(ctx context.Context, rt Runtime) error {
 	if _, err := p.recheck(rt); err != nil {
 		return err
 	}
-	if len(p.d.Services) == 0 {
-		rt.Progress("no GPU services configured (gpu.services); none stopped")
+	if len(p.services) == 0 {
+		rt.Progress("no GPU service holds the GPUs being reset (of gpu.services); none stopped")
 		return nil
 	}
 	if err := rt.Own(gpuChange(changeGPUServices, rt.EventName())); err != nil {
@@ -480,18 +541,15 @@ func (p *gpuResetPlan) stopServices(ctx context.Context, rt Runtime) error {
 	if err := p.d.failpoint(FailpointGPUResetBeforeStopUnits); err != nil {
 		return err
 	}
-	if err := rt.Host().StopUnits(ctx, p.d.Services...); err != nil {
-		return fmt.Errorf("gpu-reset: stopping %s: %w", strings.Join(p.d.Services, ", "), err)
+	if err := rt.Host().StopUnits(ctx, p.services...); err != nil {
+		return fmt.Errorf("gpu-reset: stopping %s: %w", strings.Join(p.services, ", "), err)
 	}
-	rt.Progress("stopped " + strings.Join(p.d.Services, ", "))
+	rt.Progress("stopped " + strings.Join(p.services, ", "))
 	return nil
 }
 
 func (p *gpuResetPlan) persistenceOff(_ context.Context, rt Runtime) error {
-	g, err := p.d.Devices.ResetGroup(p.uuids)
-	if err != nil {
-		return fmt.Errorf("gpu-reset: reset group of %s: %w", strings.Join(p.uuids, ", "), err)
-	}
+	g := devices.Group{UUIDs: p.group}
 	s, err := p.d.Devices.Snapshot()
 	if err != nil {
 		return fmt.Errorf("gpu-reset: reading persistence mode: %w", err)
@@ -550,8 +608,18 @@ func (p *gpuResetPlan) resetter(rt Runtime) (devices.Resetter, error) {
 			return []byte(out), nil, err
 		}
 	}
-	return p.d.Devices.NewResetter(devices.ResetterConfig{Method: p.d.Method, DryRun: rt.Host().Simulated(),
-		Runner: runner, SMITimeout: p.d.SMITimeout, LookPath: p.d.LookPath})
+	cfg := devices.ResetterConfig{Method: devices.ResetMethodNVML, DryRun: rt.Host().Simulated(), Runner: runner, SMITimeout: p.d.SMITimeout,
+		BeforeRemove: func(uuid string) error {
+			// The unplug is journaled before it happens: a crash between
+			// removal and rediscovery rediscovers on replay.
+			return rt.Own(gpuChange(changeGPUUnplugged, uuid))
+		}}
+	if path, ok := strings.CutPrefix(p.route, routeSMIPrefix); ok {
+		cfg.Method, cfg.SMIPath = devices.ResetMethodSMI, path
+	} else if p.route != routeNVML {
+		return nil, fmt.Errorf("gpu-reset: unknown reset route %q in the plan", p.route)
+	}
+	return p.d.Devices.NewResetter(cfg)
 }
 
 func (p *gpuResetPlan) reset(ctx context.Context, rt Runtime) error {
@@ -569,7 +637,39 @@ func (p *gpuResetPlan) reset(ctx context.Context, rt Runtime) error {
 	if err != nil {
 		return fmt.Errorf("gpu-reset: %w", err)
 	}
+	paths, err := p.d.holderPaths(group)
+	if err != nil {
+		return err
+	}
 	log := p.d.log().With("event", rt.EventName(), "step", gpuStepReset)
+
+	// Our own hold on the GPUs goes first: the monitor's event set and
+	// handles and, on the nvidia-smi route, the whole NVML session. The
+	// record is committed before the pause; resumed below, or by the next
+	// step or Abort after a crash.
+	if p.d.Session != nil {
+		if err := rt.Own(gpuChange(changeGPUSessionPaused, rt.EventName())); err != nil {
+			return err
+		}
+		if err := p.d.Session.Pause(ctx, p.route != routeNVML); err != nil {
+			return errors.Join(fmt.Errorf("gpu-reset: pausing the agent's NVML session and GPU monitor: %w", err), p.d.resumeSession(ctx, rt))
+		}
+		defer func() {
+			if rerr := p.d.resumeSession(ctx, rt); rerr != nil {
+				log.Error("resuming the agent's NVML session failed; the next step retries", "err", rerr)
+			}
+		}()
+	}
+	// Anyone still holding a node: the reset would be refused. Name them.
+	holders, err := p.blockingHolders(paths, os.Getpid())
+	if err != nil {
+		return err
+	}
+	if len(holders) > 0 {
+		msg := "gpu-reset refused: processes hold the GPUs being reset: " + holderList(holders)
+		rt.Progress(msg)
+		return fmt.Errorf("%w: %s", devices.ErrPreconditions, strings.TrimPrefix(msg, "gpu-reset refused: "))
+	}
 
 	// gofail: var gpuResetBeforeInhibit struct{}
 	if err := p.d.failpoint(FailpointGPUResetBeforeInhibit); err != nil {
@@ -600,6 +700,14 @@ func (p *gpuResetPlan) reset(ctx context.Context, rt Runtime) error {
 	if err := r.Reset(ctx, group); err != nil {
 		return fmt.Errorf("gpu-reset: reset of %s failed: %w", strings.Join(group, ", "), err)
 	}
+	// Rediscovered (the NVML route returns only then): the unplug records go.
+	for _, u := range group {
+		if ch := gpuChange(changeGPUUnplugged, u); rt.Owns(ch) {
+			if err := rt.Disown(ch); err != nil {
+				return err
+			}
+		}
+	}
 	if !rt.Host().Simulated() {
 		p.d.Devices.ClearXIDs(group...)
 	}
@@ -618,7 +726,13 @@ func (p *gpuResetPlan) reset(ctx context.Context, rt Runtime) error {
 
 // resetDone is the reset step's replay check; see GPUReset ("No double
 // reset"). true means: do not reset again.
-func (p *gpuResetPlan) resetDone(_ context.Context, rt Runtime, intentBootID string) (bool, error) {
+func (p *gpuResetPlan) resetDone(ctx context.Context, rt Runtime, intentBootID string) (bool, error) {
+	if err := p.d.resumeSession(ctx, rt); err != nil {
+		return false, err
+	}
+	if err := p.d.rediscoverUnplugged(rt, p.group); err != nil {
+		return false, err
+	}
 	if intentBootID != "" && intentBootID != rt.BootID() {
 		rt.Progress("the node rebooted since the reset step started (boot ID changed), which reset every GPU; not resetting again")
 		return true, nil
@@ -633,7 +747,7 @@ func (p *gpuResetPlan) resetDone(_ context.Context, rt Runtime, intentBootID str
 // known lists the UUIDs a recorded change may name: the selection and
 // every GPU NVML lists (the reset group may be wider than the selection).
 func (p *gpuResetPlan) known() ([]string, error) {
-	return knownGPUs(p.d.Devices, p.uuids)
+	return knownGPUs(p.d.Devices, p.group)
 }
 
 func knownGPUs(m *devices.Manager, selected []string) ([]string, error) {
@@ -672,7 +786,15 @@ func (d GPUReset) restoreRecorded(rt Runtime, uuids []string) ([]string, error) 
 	return restored, errors.Join(errs...)
 }
 
-func (p *gpuResetPlan) restorePersistence(_ context.Context, rt Runtime) error {
+func (p *gpuResetPlan) restorePersistence(ctx context.Context, rt Runtime) error {
+	// After a crash inside the reset step: resume our session, bring back
+	// what was unplugged.
+	if err := p.d.resumeSession(ctx, rt); err != nil {
+		return err
+	}
+	if err := p.d.rediscoverUnplugged(rt, p.group); err != nil {
+		return err
+	}
 	// The reset step's done record is committed: its evidence can go.
 	if err := rt.Disown(gpuChange(changeGPUResetIssued, rt.EventName())); err != nil {
 		return err
@@ -707,14 +829,14 @@ func reversed(ss []string) []string {
 }
 
 func (p *gpuResetPlan) startServices(ctx context.Context, rt Runtime) error {
-	if len(p.d.Services) == 0 {
+	if len(p.services) == 0 {
 		return nil
 	}
 	// gofail: var gpuResetBeforeStartUnits struct{}
 	if err := p.d.failpoint(FailpointGPUResetBeforeStartUnits); err != nil {
 		return err
 	}
-	units := reversed(p.d.Services)
+	units := reversed(p.services)
 	if err := rt.Host().StartUnits(ctx, units...); err != nil {
 		return fmt.Errorf("gpu-reset: starting %s: %w", strings.Join(units, ", "), err)
 	}
@@ -725,17 +847,32 @@ func (p *gpuResetPlan) startServices(ctx context.Context, rt Runtime) error {
 	return nil
 }
 
-// group recomputes the reset group; every GPU must be visible again.
-func (p *gpuResetPlan) group() ([]string, error) {
-	g, err := p.d.Devices.ResetGroup(p.uuids)
+// visibleGroup is the plan's group, every GPU of which must be visible
+// again; with gpus=all the GPU count must also equal the count at claim.
+// It fails naming each missing GPU.
+func (p *gpuResetPlan) visibleGroup() ([]string, error) {
+	inv, err := p.d.Devices.List()
 	if err != nil {
 		return nil, fmt.Errorf("gpu-reset: after the reset: %w", err)
 	}
-	return g.UUIDs, nil
+	var missing []string
+	for _, u := range p.group {
+		if !slices.ContainsFunc(inv, func(g devices.GPUInfo) bool { return g.UUID == u }) {
+			missing = append(missing, u)
+		}
+	}
+	switch {
+	case len(missing) > 0:
+		return nil, fmt.Errorf("gpu-reset: after the reset: %w: %s not visible to NVML (%d of %d GPUs seen at claim are back)",
+			devices.ErrUnknownGPU, strings.Join(missing, ", "), len(p.group)-len(missing), len(p.group))
+	case p.all && len(inv) != p.count:
+		return nil, fmt.Errorf("gpu-reset: after the reset: %d GPUs visible, %d at claim", len(inv), p.count)
+	}
+	return slices.Clone(p.group), nil
 }
 
 func (p *gpuResetPlan) waitFabric(ctx context.Context, rt Runtime) error {
-	group, err := p.group()
+	group, err := p.visibleGroup()
 	if err != nil {
 		return err
 	}
@@ -771,7 +908,7 @@ func (p *gpuResetPlan) waitFabric(ctx context.Context, rt Runtime) error {
 }
 
 func (p *gpuResetPlan) verify(_ context.Context, rt Runtime) error {
-	group, err := p.group()
+	group, err := p.visibleGroup()
 	if err != nil {
 		return err
 	}
@@ -815,10 +952,18 @@ func (p *gpuResetPlan) uncordon(ctx context.Context, rt Runtime) error {
 // everything and returns every failure.
 func (d GPUReset) Abort(ctx context.Context, rt Runtime) error {
 	var errs []error
+	plan, perr := d.parseResolved(rt.Params())
+	if perr != nil {
+		plan = &gpuResetPlan{d: d}
+	}
+	errs = append(errs, d.resumeSession(ctx, rt))
 	if d.Devices != nil {
-		var selected []string
-		if u, err := d.Devices.SelectGPUs(rt.Params()[GPUResetParamGPUs]); err == nil {
-			selected = u
+		errs = append(errs, d.rediscoverUnplugged(rt, plan.group))
+		selected := plan.group
+		if perr != nil {
+			if u, err := d.Devices.SelectGPUs(rt.Params()[GPUResetParamGPUs]); err == nil {
+				selected = u
+			}
 		}
 		uuids, err := knownGPUs(d.Devices, selected)
 		if err != nil {
@@ -831,7 +976,10 @@ func (d GPUReset) Abort(ctx context.Context, rt Runtime) error {
 		}
 	}
 	if ch := gpuChange(changeGPUServices, rt.EventName()); rt.Owns(ch) {
-		units := reversed(d.Services)
+		units := reversed(plan.services)
+		if perr != nil {
+			units = reversed(d.Services) // no plan to read: every configured unit
+		}
 		if err := rt.Host().StartUnits(ctx, units...); err != nil {
 			errs = append(errs, fmt.Errorf("gpu-reset: abort: starting %s: %w", strings.Join(units, ", "), err))
 		} else if err := rt.Disown(ch); err != nil {
@@ -842,6 +990,11 @@ func (d GPUReset) Abort(ctx context.Context, rt Runtime) error {
 	}
 	if ch := gpuChange(changeGPUResetIssued, rt.EventName()); rt.Owns(ch) {
 		errs = append(errs, rt.Disown(ch))
+	}
+	if msg, err := d.restoreLabels(ctx, rt, plan.labels); err != nil {
+		errs = append(errs, fmt.Errorf("gpu-reset: abort: %w", err))
+	} else if msg != "" {
+		rt.Progress("abort: " + msg)
 	}
 	if ch := (Change{Kind: "cordon", Key: rt.Node()}); rt.Owns(ch) {
 		if _, err := rt.API().Uncordon(ctx, rt.EventName(), false); err != nil {

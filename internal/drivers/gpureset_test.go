@@ -312,6 +312,14 @@ func (c gpuCrash) String() string {
 func gpuRunEvent(t *testing.T, d drivers.GPUReset, rt *gpuRuntime, crash gpuCrash) (crashed bool, err error) {
 	t.Helper()
 	ctx := context.Background()
+	if rt.params["resolved.v"] == "" {
+		// The engine resolves once at claim and journals the plan.
+		resolved, err := d.Resolve(ctx, rt.params)
+		if err != nil {
+			return false, err
+		}
+		rt.params = resolved
+	}
 	steps, err := d.Plan(rt.params)
 	if err != nil {
 		return false, err
@@ -385,9 +393,28 @@ func (e *gpuEnv) agent(method devices.ResetMethod, mods ...func(*devices.Config)
 		}
 	})
 	return drivers.GPUReset{
-		Devices: m, Method: method, Services: gpuServices, Log: gpuLogger(e.t),
-		LookPath: func(string) (string, error) { return "/usr/bin/nvidia-smi", nil },
+		Devices: m, Method: method, Services: gpuServices, Log: gpuLogger(e.t), Clock: e.clk,
+		LookPath:    func(string) (string, error) { return "/usr/bin/nvidia-smi", nil },
+		FindHolders: e.host.holders,
 	}
+}
+
+// holders is the strict holder scan of the host: every running unit of
+// gpuServices holds every GPU node open (DCGM, persistenced and a device
+// plugin do), so a reset with one left running is refused.
+func (h *gpuHost) holders(paths []string) (devices.HolderScan, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var scan devices.HolderScan
+	for i, u := range gpuServices {
+		if !h.active[u] {
+			continue
+		}
+		for _, p := range paths {
+			scan.Holders = append(scan.Holders, devices.Holder{PID: 100 + i, Comm: strings.TrimSuffix(u, ".service"), Unit: u, Device: p})
+		}
+	}
+	return scan, nil
 }
 
 func gpuLogger(t *testing.T) *slog.Logger {
@@ -452,10 +479,10 @@ func stepNamesOf(steps []drivers.Step) []string {
 }
 
 var (
-	gpuStepsNoDrain = []string{"check-gpus", "stop-gpu-services", "persistence-off", "gpu-reset",
-		"restore-persistence", "start-gpu-services", "wait-fabric", "verify-gpus"}
-	gpuStepsDrain = []string{"check-gpus", "cordon", "evict", "wait-empty", "stop-gpu-services", "persistence-off",
-		"gpu-reset", "restore-persistence", "start-gpu-services", "wait-fabric", "verify-gpus", "uncordon"}
+	gpuStepsNoDrain = []string{"check-gpus", "pause-gpu-operator", "wait-gpu-operator-pods", "stop-gpu-services", "persistence-off", "gpu-reset",
+		"restore-persistence", "start-gpu-services", "wait-fabric", "verify-gpus", "restore-gpu-operator"}
+	gpuStepsDrain = []string{"check-gpus", "cordon", "evict", "wait-empty", "pause-gpu-operator", "wait-gpu-operator-pods", "stop-gpu-services", "persistence-off",
+		"gpu-reset", "restore-persistence", "start-gpu-services", "wait-fabric", "verify-gpus", "restore-gpu-operator", "uncordon"}
 )
 
 func TestGPUResetIdentity(t *testing.T) {
@@ -799,7 +826,7 @@ func TestGPUResetFailedReset(t *testing.T) {
 		{name: "dgxh100 nvml", model: devicestest.DGXH100, method: devices.ResetMethodNVML, gpus: "0,1", fail: 1,
 			wantErr: []string{"DeviceRemoveGpu_v2: ERROR_IN_USE"}},
 		{name: "dgxh100 nvidia-smi", model: devicestest.DGXH100, method: devices.ResetMethodSMI, gpus: "0,1", fail: 1,
-			wantErr: []string{"nvidia-smi --gpu-reset -i", "in use by another process"}},
+			wantErr: []string{"nvidia-smi --gpu-reset -i", "In use by another client"}},
 		{name: "dgxa100 nvml", model: devicestest.DGXA100, method: devices.ResetMethodNVML, gpus: "3", fail: 3,
 			wantErr: []string{"DeviceRemoveGpu_v2: ERROR_IN_USE"}},
 	}
@@ -910,6 +937,11 @@ func TestGPUResetDoneCheck(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newGPUEnv(t, devicestest.DGXH100, map[string]string{"gpus": "0"})
 			d := e.agent(devices.ResetMethodNVML)
+			resolved, err := d.Resolve(context.Background(), e.rt.params)
+			if err != nil {
+				t.Fatal(err)
+			}
+			e.rt.params = resolved
 			steps, err := d.Plan(e.rt.params)
 			if err != nil {
 				t.Fatal(err)

@@ -87,14 +87,20 @@ type Config struct {
 // Monitor is the GPU health loop. Run it once; Check and Rewatch may be
 // called from other goroutines.
 type Monitor struct {
-	cfg     Config
-	log     *slog.Logger
-	clk     clock.Clock
-	metrics *Metrics
-	rewatch chan struct{}
+	cfg      Config
+	log      *slog.Logger
+	clk      clock.Clock
+	metrics  *Metrics
+	rewatch  chan struct{}
+	pauseReq chan chan struct{} // Pause asks Run to stop its watcher; Run closes the reply
+
+	pmu     sync.Mutex
+	paused  bool
+	running bool
 
 	mu        sync.Mutex // serializes evaluations
 	published *apiclient.NodeCondition
+	last      devices.HealthReport
 	requested map[string]bool // event names created or found existing
 	lastLog   map[string]time.Time
 }
@@ -138,7 +144,7 @@ func New(cfg Config) (*Monitor, error) {
 	}
 	return &Monitor{
 		cfg: cfg, log: cfg.Log.With("node", cfg.Node), clk: cfg.Clock, metrics: met,
-		rewatch: make(chan struct{}, 1), requested: map[string]bool{}, lastLog: map[string]time.Time{},
+		rewatch: make(chan struct{}, 1), pauseReq: make(chan chan struct{}), requested: map[string]bool{}, lastLog: map[string]time.Time{},
 	}, nil
 }
 
@@ -154,13 +160,74 @@ func (m *Monitor) Rewatch() {
 	}
 }
 
+// Pause stops the monitor's hold on the GPUs for a reset: it waits for an
+// evaluation in progress, stops the XID watcher and waits until the
+// watcher has freed its event set (within one devices EventWait), and
+// evaluates nothing until Resume. The agent then shuts NVML down (Session).
+// Idempotent; ctx bounds the wait.
+func (m *Monitor) Pause(ctx context.Context) error {
+	m.mu.Lock() // no evaluation in progress once we hold it
+	m.pmu.Lock()
+	m.paused = true
+	running := m.running
+	m.pmu.Unlock()
+	m.mu.Unlock()
+	if !running {
+		return nil
+	}
+	done := make(chan struct{})
+	select {
+	case m.pauseReq <- done:
+	case <-ctx.Done():
+		return fmt.Errorf("gpuhealth: pausing the monitor: %w", ctx.Err())
+	}
+	select {
+	case <-done:
+		m.log.Info("GPU monitor paused")
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("gpuhealth: pausing the monitor: waiting for the XID watcher to stop: %w", ctx.Err())
+	}
+}
+
+// Resume undoes Pause: the watcher restarts and an evaluation runs at once.
+// A no-op when not paused.
+func (m *Monitor) Resume() {
+	m.pmu.Lock()
+	was := m.paused
+	m.paused = false
+	m.pmu.Unlock()
+	if was {
+		m.log.Info("GPU monitor resumed")
+		m.Rewatch()
+	}
+}
+
+// Paused reports whether the monitor is paused.
+func (m *Monitor) Paused() bool {
+	m.pmu.Lock()
+	defer m.pmu.Unlock()
+	return m.paused
+}
+
 // Run evaluates at start, every Interval and on each batch of GPU events,
 // until ctx ends. It returns nil when ctx ends.
 func (m *Monitor) Run(ctx context.Context) error {
+	m.pmu.Lock()
+	m.running = true
+	m.pmu.Unlock()
+	defer func() {
+		m.pmu.Lock()
+		m.running = false
+		m.pmu.Unlock()
+	}()
 	var events <-chan devices.Event
 	stopWatch := func() {}
 	defer func() { stopWatch() }()
 	watch := func() {
+		if m.Paused() {
+			return
+		}
 		stopWatch()
 		wctx, cancel := context.WithCancel(ctx)
 		ch, err := m.cfg.Devices.WatchEvents(wctx, nil)
@@ -186,6 +253,21 @@ func (m *Monitor) Run(ctx context.Context) error {
 			}
 			m.Check(ctx)
 			t.Reset(m.cfg.Interval)
+		case done := <-m.pauseReq:
+			stopWatch()
+			stopWatch = func() {}
+			// The watcher closes its channel after freeing the event set.
+			for events != nil {
+				select {
+				case _, ok := <-events:
+					if !ok {
+						events = nil
+					}
+				case <-ctx.Done():
+					return nil
+				}
+			}
+			close(done)
 		case <-m.rewatch:
 			watch()
 			m.Check(ctx)
@@ -230,9 +312,14 @@ func (m *Monitor) observe(ctx context.Context, ev devices.Event) {
 
 // Check evaluates the GPUs once: gauges, the condition (written when it
 // changed) and, with AutoRemediate, reset requests. It returns the report.
+//
+// While paused (a GPU reset) it reads nothing and returns the last report.
 func (m *Monitor) Check(ctx context.Context) devices.HealthReport {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if m.Paused() {
+		return m.last
+	}
 	s, err := m.cfg.Devices.Snapshot()
 	var rep devices.HealthReport
 	if err != nil {
@@ -250,6 +337,7 @@ func (m *Monitor) Check(ctx context.Context) devices.HealthReport {
 		}
 	}
 	m.publish(ctx, NodeCondition(rep))
+	m.last = rep
 	return rep
 }
 
