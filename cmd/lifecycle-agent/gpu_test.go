@@ -194,7 +194,7 @@ func TestGPUResetDryRunOutput(t *testing.T) {
 				"fabric:       %1 COMPLETED (SUCCESS)", "persistence:  would turn off on %1 and restore it after the reset",
 				"would stop:   nvidia-dcgm.service, nvidia-persistenced.service (started again in reverse order)",
 				"inhibitor:    shutdown:sleep (block) held during the reset", "reset:        run nvidia-smi --gpu-reset -i %1",
-				"steps:        check-gpus, stop-gpu-services, persistence-off, gpu-reset, restore-persistence, start-gpu-services, wait-fabric, verify-gpus",
+				"steps:        check-gpus, pause-gpu-operator, wait-gpu-operator-pods, stop-gpu-services, persistence-off, gpu-reset, restore-persistence, start-gpu-services, wait-fabric, verify-gpus, restore-gpu-operator",
 				"blockers:     none"}},
 		{name: "dgxa100 expands", model: devicestest.DGXA100, method: devices.ResetMethodNVML, opts: gpuResetOptions{GPUs: "0"},
 			want: []string{"reset group:  8 GPU(s): %0, %1,", "(expanded: pre-Hopper NVSwitch system (Ampere)", "%0 not reported",
