@@ -2,7 +2,9 @@ package apiclient
 
 import (
 	"fmt"
+	"net"
 	"net/http"
+	"os"
 	"sync"
 	"time"
 
@@ -14,6 +16,12 @@ import (
 
 	"github.com/lifecycle-agent/lifecycle-agent/api/v1alpha1"
 )
+
+// http2HealthCheck: after 3 s without a frame read the transport pings
+// (17 bytes, answered by the server's connection loop, not a request), and
+// closes the connection when no answer came within 3 s more: a dead
+// connection is found at most 6 s after its last frame.
+var http2HealthCheck = map[string]string{"HTTP2_READ_IDLE_TIMEOUT_SECONDS": "3", "HTTP2_PING_TIMEOUT_SECONDS": "3"}
 
 // Client bundles the clients the agent uses, for one node.
 type Client struct {
@@ -48,6 +56,25 @@ func New(cfg *rest.Config, node string, timeout time.Duration) (*Client, error) 
 	}
 	c := rest.CopyConfig(cfg)
 	c.Timeout = timeout
+	// A dead connection must be found in seconds, not the 30 s + 15 s of
+	// client-go's default HTTP/2 health check: until it is, every request
+	// and the event watch sit on it and the agent is deaf (the server is
+	// back, the connection is not). client-go reads these at transport
+	// creation; an operator's own setting wins.
+	for k, v := range http2HealthCheck {
+		if _, set := os.LookupEnv(k); !set {
+			_ = os.Setenv(k, v)
+		}
+	}
+	// A dialer of our own gives this client transports of its own (client-go
+	// shares one per TLS configuration otherwise, created with whatever
+	// health-check settings were in force then), so the requests and the
+	// watch do not share one connection either: a stuck watch never stalls
+	// a claim, and the other way round.
+	if c.Dial == nil {
+		d := &net.Dialer{Timeout: timeout, KeepAlive: 15 * time.Second}
+		c.Dial = d.DialContext
+	}
 	if c.QPS == 0 {
 		c.QPS, c.Burst = 20, 40
 	}
@@ -86,6 +113,10 @@ func New(cfg *rest.Config, node string, timeout time.Duration) (*Client, error) 
 
 // Contact says when the agent last heard from the API server (see Contact).
 func (c *Client) Contact() ContactState { return c.contact.State() }
+
+// ContactRegained fires when the API server answers again after failures
+// (see Contact.Regained).
+func (c *Client) ContactRegained() <-chan struct{} { return c.contact.Regained() }
 
 // Config returns the rest.Config the client was built with.
 func (c *Client) Config() *rest.Config { return rest.CopyConfig(c.restCfg) }

@@ -1,6 +1,8 @@
 package apiclient
 
 import (
+	"context"
+	"errors"
 	"io"
 	"net/http"
 	"sync"
@@ -22,6 +24,7 @@ type Contact struct {
 	lastFail  time.Time // last request that got no response
 	failSince time.Time // first failure after lastHeard (zero while reachable)
 	lastErr   string
+	regained  chan struct{}
 }
 
 // ContactState is a copy of Contact's state.
@@ -35,14 +38,28 @@ type ContactState struct {
 	LastError        string
 }
 
-func newContact(now func() time.Time) *Contact { return &Contact{now: now} }
+func newContact(now func() time.Time) *Contact {
+	return &Contact{now: now, regained: make(chan struct{}, 1)}
+}
 
 func (c *Contact) heard() {
 	t := c.now()
 	c.mu.Lock()
+	back := !c.failSince.IsZero()
 	c.lastHeard, c.failSince = t, time.Time{}
 	c.mu.Unlock()
+	if back {
+		select {
+		case c.regained <- struct{}{}:
+		default:
+		}
+	}
 }
+
+// Regained receives (at most one pending value) each time the server
+// answers after one or more requests had failed: the moment to look again
+// at everything a broken watch may have missed.
+func (c *Contact) Regained() <-chan struct{} { return c.regained }
 
 func (c *Contact) failed(err error) {
 	t := c.now()
@@ -78,7 +95,7 @@ func (t *contactTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	}
 	t.c.heard()
 	if resp.Body != nil {
-		resp.Body = &contactBody{ReadCloser: resp.Body, c: t.c}
+		resp.Body = &contactBody{ReadCloser: resp.Body, c: t.c, ctx: r.Context()}
 	}
 	return resp, nil
 }
@@ -87,13 +104,20 @@ func (t *contactTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 // watch that streams events or bookmarks keeps the contact fresh.
 type contactBody struct {
 	io.ReadCloser
-	c *Contact
+	c   *Contact
+	ctx context.Context
 }
 
 func (b *contactBody) Read(p []byte) (int, error) {
 	n, err := b.ReadCloser.Read(p)
 	if n > 0 {
 		b.c.heard()
+	}
+	// A stream cut under a watch (the connection reset, or closed by the
+	// HTTP/2 health check) is a failure too; the end of a body, or a body
+	// we closed ourselves, is not.
+	if err != nil && err != io.EOF && b.ctx.Err() == nil && !errors.Is(err, context.Canceled) {
+		b.c.failed(err)
 	}
 	return n, err
 }

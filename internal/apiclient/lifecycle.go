@@ -23,6 +23,20 @@ func (c *Client) GetEvent(ctx context.Context, name string) (*v1alpha1.Lifecycle
 	return c.LC.Events.Get(ctx, name, metav1.GetOptions{})
 }
 
+// ListEvents reads this node's events (spec.bindingNode) from the server,
+// bypassing the watch's cache.
+func (c *Client) ListEvents(ctx context.Context) ([]*v1alpha1.LifecycleEvent, error) {
+	l, err := c.LC.Events.List(ctx, BindingNodeSelector(c.Node))
+	if err != nil {
+		return nil, err
+	}
+	out := make([]*v1alpha1.LifecycleEvent, 0, len(l.Items))
+	for i := range l.Items {
+		out = append(out, &l.Items[i])
+	}
+	return out, nil
+}
+
 // UpdateEventStatus writes ev.Status with ev's resourceVersion as a
 // precondition; a 409 means someone else changed the event first.
 func (c *Client) UpdateEventStatus(ctx context.Context, ev *v1alpha1.LifecycleEvent) (*v1alpha1.LifecycleEvent, error) {
@@ -43,7 +57,7 @@ func (c *Client) SetFinalizerOn(ctx context.Context, ev *v1alpha1.LifecycleEvent
 	got, err := c.LC.Events.Update(ctx, cp, metav1.UpdateOptions{})
 	switch {
 	case apierrors.IsConflict(err):
-		return nil, c.SetFinalizer(ctx, ev.Name, on)
+		return nil, c.SetFinalizer(ctx, ev.Name, string(ev.UID), on)
 	case apierrors.IsNotFound(err) && !on:
 		return nil, nil
 	case err != nil:
@@ -74,8 +88,9 @@ func withFinalizer(fins []string, on bool) ([]string, bool) {
 }
 
 // SetFinalizer adds (on=true) or removes the agent's finalizer, retrying
-// on conflicts with a fresh read.
-func (c *Client) SetFinalizer(ctx context.Context, name string, on bool) error {
+// on conflicts with a fresh read. With a uid, an event of that name but
+// another UID (ours was deleted and the name reused) is left alone.
+func (c *Client) SetFinalizer(ctx context.Context, name, uid string, on bool) error {
 	for i := 0; i < 5; i++ {
 		ev, err := c.GetEvent(ctx, name)
 		if apierrors.IsNotFound(err) && !on {
@@ -83,6 +98,12 @@ func (c *Client) SetFinalizer(ctx context.Context, name string, on bool) error {
 		}
 		if err != nil {
 			return err
+		}
+		if uid != "" && string(ev.UID) != uid {
+			if on {
+				return fmt.Errorf("apiclient: finalizer on %s: the event was replaced (uid %s, want %s)", name, ev.UID, uid)
+			}
+			return nil
 		}
 		fins, change := withFinalizer(ev.Finalizers, on)
 		if !change {

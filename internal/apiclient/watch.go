@@ -3,6 +3,8 @@ package apiclient
 import (
 	"context"
 	"fmt"
+	"sync"
+	"time"
 
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
@@ -17,6 +19,9 @@ import (
 // filtered by the server (spec.bindingNode=<node>).
 type EventWatch struct {
 	informer cache.SharedIndexInformer
+
+	mu        sync.Mutex
+	lastError time.Time
 }
 
 // WatchEvents starts an informer over this node's events and calls notify
@@ -53,8 +58,29 @@ func (c *Client) WatchEvents(ctx context.Context, notify func(name string), unfi
 	}); err != nil {
 		return nil, fmt.Errorf("apiclient: watch events: %w", err)
 	}
+	w := &EventWatch{informer: inf}
+	// Every failed list or watch (a cut connection, a refused dial, one
+	// closed by the HTTP/2 health check) is noted: the reflector then backs
+	// off for up to 30 s before it lists again, and the engine reads this
+	// node's events directly meanwhile (LastError).
+	if err := inf.SetWatchErrorHandlerWithContext(func(ctx context.Context, r *cache.Reflector, err error) {
+		w.mu.Lock()
+		w.lastError = time.Now()
+		w.mu.Unlock()
+		cache.DefaultWatchErrorHandler(ctx, r, err)
+		notify("")
+	}); err != nil {
+		return nil, fmt.Errorf("apiclient: watch events: %w", err)
+	}
 	go inf.RunWithContext(ctx)
-	return &EventWatch{informer: inf}, nil
+	return w, nil
+}
+
+// LastError is when the watch last failed (zero: never).
+func (w *EventWatch) LastError() time.Time {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.lastError
 }
 
 // Synced reports whether the first list has completed.

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -19,9 +20,10 @@ import (
 	"github.com/lifecycle-agent/lifecycle-agent/internal/journal"
 )
 
-// tryClaim claims the oldest claimable event, or returns nil.
-func (e *Engine) tryClaim(ctx context.Context) *active {
-	cands := e.candidates()
+// tryClaim claims the oldest claimable event, or returns nil. fresh, when
+// not nil, is a direct list to claim from instead of the watch's cache.
+func (e *Engine) tryClaim(ctx context.Context, fresh []*v1alpha1.LifecycleEvent) *active {
+	cands := e.candidates(fresh)
 	if len(cands) == 0 {
 		return nil
 	}
@@ -160,6 +162,19 @@ func (e *Engine) claim(ctx context.Context, cached *v1alpha1.LifecycleEvent) (*a
 	// Finalizer before any side effect.
 	got, err := e.cfg.API.SetFinalizerOn(ctx, fin, true)
 	if err != nil {
+		if apierrors.IsNotFound(err) {
+			// Deleted right after our claim: nothing was done; take back
+			// the Node condition and the node Lease the claim set.
+			if a.nodeStarted {
+				_ = e.pushNode(a, "Cancelled", corev1.ConditionFalse, true)
+			}
+			if rerr := e.cfg.API.ReleaseNodeLease(ctx, e.cfg.Identity); rerr != nil {
+				e.log.Warn("releasing the node lease of a deleted event failed", "event", ev.Name, "err", rerr)
+			}
+			return nil, fmt.Errorf("the event was deleted during its claim: %w", err)
+		}
+		// Anything else: the event is Claimed by us on the server; the next
+		// round adopts it (and keeps the Lease, which is ours).
 		return nil, fmt.Errorf("adding the finalizer: %w", err)
 	}
 	e.remember(got)
@@ -228,6 +243,10 @@ func (e *Engine) snapshot(a *active, st journal.EventState) error {
 	if a.slot != "" {
 		attrs["slot"] = a.slot
 	}
+	if a.outcome != 0 {
+		attrs["outcome"] = strconv.Itoa(int(a.outcome))
+		attrs["outcomeMessage"] = a.outcomeMsg
+	}
 	if err := e.cfg.Journal.PutEvent(journal.EventRecord{UID: a.uid, Name: a.name, Driver: a.driver.Name(),
 		ResourceVersion: obj.ResourceVersion, State: st, Object: raw, Attrs: attrs}); err != nil {
 		return fmt.Errorf("engine: journal event %s: %w", a.name, err)
@@ -256,9 +275,12 @@ func (e *Engine) resume(r journal.EventRecord) (*active, error) {
 	}
 	steps, planErr := d.Plan(params)
 	a := &active{name: r.Name, uid: r.UID, driver: d, steps: steps, ev: &ev, status: ev.Status, params: params,
-		tn: r.Attrs["transition"], slot: r.Attrs["slot"], jstate: r.State, failNow: planErr}
+		tn: r.Attrs["transition"], slot: r.Attrs["slot"], jstate: r.State, failNow: planErr, resumed: true}
 	if a.status.Sla != nil {
 		a.deadline = a.status.Sla.Time
+	}
+	if v, err := strconv.Atoi(r.Attrs["outcome"]); err == nil && v > 0 {
+		a.outcome, a.outcomeMsg = journal.Outcome(v), r.Attrs["outcomeMessage"]
 	}
 	e.log.Info("resuming event from the journal", "event", a.name, "state", r.State.String())
 	return a, nil

@@ -46,6 +46,10 @@ type Config struct {
 	UnfilteredWatch bool
 }
 
+// watchDegraded is how long after a failure of the event watch the engine
+// does not trust it alone: client-go's reflector backs off up to 30 s.
+const watchDegraded = 35 * time.Second
+
 // Engine runs this node's events.
 type Engine struct {
 	cfg     Config
@@ -126,6 +130,16 @@ func (e *Engine) State() string {
 func (e *Engine) Run(ctx context.Context) error {
 	go e.flushLoop(ctx)
 	e.setState("starting")
+	// The watch starts first, so that an event resumed from the journal
+	// sees its own deletion (a cancel while the agent was down) as soon as
+	// the API answers; it never blocks: offline, the informer retries.
+	w, err := e.cfg.API.WatchEvents(ctx, func(name string) { e.onEvent(name) }, e.cfg.UnfilteredWatch)
+	if err != nil {
+		return err
+	}
+	e.mu.Lock()
+	e.watch = w
+	e.mu.Unlock()
 	// Local work first: resume what the journal says is unfinished, even
 	// while the API server is unreachable.
 	recs, err := e.cfg.Journal.Events()
@@ -156,27 +170,56 @@ func (e *Engine) Run(ctx context.Context) error {
 	}
 	e.closeOutShutdowns(ctx)
 	e.publishRequests(ctx)
-	w, err := e.cfg.API.WatchEvents(ctx, func(name string) { e.onEvent(name) }, e.cfg.UnfilteredWatch)
-	if err != nil {
-		return err
-	}
-	e.mu.Lock()
-	e.watch = w
-	e.mu.Unlock()
 	e.setState("idle")
+	// relist: after the API server answers again following failures, the
+	// watch may have missed events (a dead connection is found late, and
+	// the reflector backs off up to 30 s before it lists again): read this
+	// node's events directly and claim from that (docs/reliability.md).
+	relist := false
 	for ctx.Err() == nil {
-		if w.Synced() {
-			if a := e.tryClaim(ctx); a != nil {
+		var fresh []*v1alpha1.LifecycleEvent
+		if relist {
+			// A short timeout of its own: a connection dialled during the
+			// outage can sit in its TLS handshake for 10 s; the next try
+			// dials anew.
+			lctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			var err error
+			fresh, err = e.cfg.API.ListEvents(lctx)
+			cancel()
+			if err != nil {
+				e.log.Info("listing this node's events after an outage failed; will retry", "err", err)
+				fresh = nil
+			} else {
+				relist = false
+				e.cfg.Metrics.Relists.Inc()
+				e.log.Debug("listed this node's events after an outage", "events", len(fresh))
+			}
+		}
+		if w.Synced() || fresh != nil {
+			if a := e.tryClaim(ctx, fresh); a != nil {
 				e.execute(ctx, a)
 				continue
 			}
-			e.collect(ctx)
+			if w.Synced() {
+				e.collect(ctx)
+			}
 			e.publishRequests(ctx)
+		}
+		// While the server does not answer, or for watchDegraded after the
+		// watch failed (the reflector backs off up to 30 s before it lists
+		// again), look every second with one direct list, so that an event
+		// created meanwhile is claimed within a second of the server's
+		// return, whatever the watch's back-off.
+		next := e.cfg.Resync
+		if !e.cfg.API.Contact().Reachable || e.cfg.Clock.Since(w.LastError()) < watchDegraded {
+			next, relist = time.Second, true
 		}
 		select {
 		case <-ctx.Done():
 		case <-e.wake:
-		case <-e.cfg.Clock.After(e.cfg.Resync):
+		case <-e.cfg.API.ContactRegained():
+			relist = true
+		case <-e.cfg.Clock.After(next):
 		}
 	}
 	return nil
@@ -207,6 +250,39 @@ func (e *Engine) onEvent(name string) {
 	}
 }
 
+// checkGone cancels a when the API says its event is being deleted, is
+// gone, or was replaced by another of the same name. The watch's cache
+// answers when it has synced and agrees; anything else (not synced yet, as
+// right after a restart, or the cache disagrees) is confirmed by a read, so
+// a lagging cache never cancels a live event. An unreachable server proves
+// nothing: offline, the event goes on.
+func (e *Engine) checkGone(ctx context.Context, a *active, mustRead bool) {
+	e.mu.Lock()
+	w := e.watch
+	e.mu.Unlock()
+	if w != nil && w.Synced() && !mustRead {
+		ev, ok := w.Get(a.name)
+		if ok && ev.DeletionTimestamp == nil && string(ev.UID) == a.uid {
+			return
+		}
+	}
+	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	ev, err := e.cfg.API.GetEvent(rctx, a.name)
+	switch {
+	case apiclient.IsNotFound(err):
+	case err != nil:
+		return
+	case ev.DeletionTimestamp == nil && string(ev.UID) == a.uid:
+		a.mu.Lock()
+		a.confirmed = true
+		a.mu.Unlock()
+		return
+	}
+	e.log.Info("the event was deleted: cancelling at the next safe point", "event", a.name)
+	a.cancel(errCancelled)
+}
+
 func (e *Engine) publish(ctx context.Context) error {
 	node, err := e.cfg.API.GetNode(ctx)
 	if err != nil {
@@ -231,10 +307,14 @@ func (e *Engine) publish(ctx context.Context) error {
 // TransitionName is the name of the transition the agent publishes for a driver.
 func TransitionName(node string, d drivers.Driver) string { return node + "-" + d.Short() }
 
-// candidates returns this node's claimable events, oldest first.
-func (e *Engine) candidates() []*v1alpha1.LifecycleEvent {
+// candidates returns this node's claimable events, oldest first: from
+// fresh (a direct list) when given, else from the watch's cache.
+func (e *Engine) candidates(fresh []*v1alpha1.LifecycleEvent) []*v1alpha1.LifecycleEvent {
+	if fresh == nil {
+		fresh = e.watch.List()
+	}
 	var out []*v1alpha1.LifecycleEvent
-	for _, ev := range e.watch.List() {
+	for _, ev := range fresh {
 		if ev.DeletionTimestamp != nil || ev.Spec.BindingNode != e.cfg.Node {
 			continue
 		}
@@ -294,7 +374,7 @@ func nodeConditions(tn, name, reason string, status corev1.ConditionStatus, driv
 		}
 		conds = append(conds, apiclient.NodeCondition{Type: v1alpha1.NodeConditionDrainInProgress, Status: inProgress, Reason: reason, Message: msg})
 		drained := corev1.ConditionFalse
-		if done && reason != "Failed" && reason != "SlaExpired" {
+		if done && reason != "Failed" && reason != "SlaExpired" && reason != "Cancelled" {
 			drained = corev1.ConditionTrue
 		}
 		conds = append(conds, apiclient.NodeCondition{Type: v1alpha1.NodeConditionDrained, Status: drained, Reason: reason, Message: msg})

@@ -9,6 +9,8 @@ type Metrics struct {
 	ClaimLatency  prometheus.Histogram
 	OutboxDepth   prometheus.Gauge
 	JournalCommit prometheus.Histogram
+	Relists       prometheus.Counter
+	FinishStuck   prometheus.Gauge
 }
 
 // NewMetrics creates the metrics and registers them with reg (if not nil).
@@ -24,9 +26,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Status writes waiting for the API server."}),
 		JournalCommit: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "lifecycle_agent_journal_commit_seconds",
 			Help: "Duration of journal commits (fsync included).", Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16)}),
+		Relists: prometheus.NewCounter(prometheus.CounterOpts{Name: "lifecycle_agent_event_relists_total",
+			Help: "Direct lists of this node's events after the API server answered again following failures."}),
+		FinishStuck: prometheus.NewGauge(prometheus.GaugeOpts{Name: "lifecycle_agent_finish_blocked",
+			Help: "1 while an ended event cannot be closed out (the journal refuses its end state); the finalizer is kept."}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.Events, m.StepDuration, m.ClaimLatency, m.OutboxDepth, m.JournalCommit)
+		reg.MustRegister(m.Events, m.StepDuration, m.ClaimLatency, m.OutboxDepth, m.JournalCommit, m.Relists, m.FinishStuck)
 	}
 	return m
 }

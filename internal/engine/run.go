@@ -31,10 +31,20 @@ type active struct {
 	jstate        journal.EventState
 	failNow       error // refuse before the first step (bad parameters)
 	nodeStarted   bool  // the Node condition "in progress" is queued
+	resumed       bool  // from the journal after a restart (not claimed by this process)
+	// outcome is journaled (attrs) when the abort or the finish begins.
+	outcome    journal.Outcome
+	outcomeMsg string
 
 	mu         sync.Mutex
 	cancelErr  error
 	cancelStep context.CancelFunc
+	confirmed  bool // a read since the start showed the event alive
+
+	// statusMu guards status against steps' Progress calls (from other
+	// goroutines) and status readers; the engine's own goroutine writes it
+	// only while no step runs.
+	statusMu sync.Mutex
 }
 
 func (a *active) cancel(why error) {
@@ -67,9 +77,29 @@ func (e *Engine) execute(ctx context.Context, a *active) {
 	renewCtx, stopRenew := context.WithCancel(ctx)
 	defer stopRenew()
 	go e.renewLoop(renewCtx, a)
+	if a.resumed {
+		// The event may have been deleted while the agent was down: ask
+		// before anything is done (offline, this proves nothing and the
+		// event goes on; the guard below looks again).
+		e.checkGone(ctx, a, true)
+	}
+	go e.guardLoop(renewCtx, a)
 
 	if a.jstate == journal.EventFinishing {
-		e.finish(ctx, a, e.outcomeFromStatus(a), a.status.Message)
+		outcome, msg := e.journaledOutcome(a)
+		e.finish(ctx, a, outcome, msg)
+		return
+	}
+	if a.jstate == journal.EventAborting {
+		// The agent stopped (or died) during the abort: the outcome was
+		// journaled when the abort began. Undo again (every undo is
+		// idempotent) and end it; the failed step is never run again and a
+		// cancel is never forgotten.
+		outcome, msg := e.journaledOutcome(a)
+		if !e.abort(ctx, a, outcome, msg) {
+			return
+		}
+		e.finish(ctx, a, outcome, msg)
 		return
 	}
 	if a.failNow != nil {
@@ -93,19 +123,27 @@ func (e *Engine) execute(ctx context.Context, a *active) {
 		return // the agent is stopping: resume from the journal next time
 	}
 	if outcome != journal.OutcomeSucceeded {
-		e.abort(ctx, a)
+		if !e.abort(ctx, a, outcome, msg) {
+			return // stopping during the abort: resumed into the abort next time
+		}
 	}
 	e.finish(ctx, a, outcome, msg)
 }
 
-func (e *Engine) outcomeFromStatus(a *active) journal.Outcome {
+// journaledOutcome is the outcome an event was ending with when the agent
+// stopped: the one journaled when its abort or finish began, else (older
+// journals) the one its status shows.
+func (e *Engine) journaledOutcome(a *active) (journal.Outcome, string) {
+	if a.outcome != 0 {
+		return a.outcome, a.outcomeMsg
+	}
 	switch a.status.ClaimStatus {
 	case v1alpha1.LifecycleEventSucceeded:
-		return journal.OutcomeSucceeded
+		return journal.OutcomeSucceeded, a.status.Message
 	case v1alpha1.LifecycleEventSlaExpired:
-		return journal.OutcomeSlaExpired
+		return journal.OutcomeSlaExpired, a.status.Message
 	}
-	return journal.OutcomeFailed
+	return journal.OutcomeFailed, a.status.Message
 }
 
 // runSteps runs the remaining steps in order.
@@ -294,10 +332,17 @@ func (e *Engine) stepFailed(a *active, i, attempt int, msg string) {
 }
 
 // abort undoes what the event owns: the driver's own abort, or by default
-// the cordon we made.
-func (e *Engine) abort(ctx context.Context, a *active) {
-	if err := e.snapshot(a, journal.EventAborting); err != nil {
-		e.log.Error("journal abort", "event", a.name, "err", err)
+// the cordon we made. The outcome is journaled first, so a restart resumes
+// straight into the abort and then the end state. It reports false when
+// the agent is stopping (the abort resumes next time).
+func (e *Engine) abort(ctx context.Context, a *active, outcome journal.Outcome, msg string) bool {
+	a.outcome, a.outcomeMsg = outcome, truncate(msg)
+	if !e.durably(ctx, a, "its abort", func() error { return e.snapshot(a, journal.EventAborting) }) {
+		return false
+	}
+	// gofail: var engineDuringAbort struct{}
+	if ctx.Err() != nil {
+		return false
 	}
 	rt := &stepRuntime{e: e, a: a}
 	var err error
@@ -309,9 +354,36 @@ func (e *Engine) abort(ctx context.Context, a *active) {
 			err = rt.Disown(drivers.Change{Kind: "cordon", Key: e.cfg.Node})
 		}
 	}
+	if ctx.Err() != nil {
+		return false
+	}
 	if err != nil {
 		e.log.Error("abort could not undo everything", "event", a.name, "err", err)
-		a.status.Message += "; abort: " + err.Error()
+		a.outcomeMsg = truncate(a.outcomeMsg + "; abort: " + err.Error())
+	}
+	return true
+}
+
+// durably retries a journal write until it succeeds or the agent stops:
+// an event whose end is not journaled must not be reported or released
+// (the finalizer stays, so nothing is lost). The failure shows in the
+// agent's state (status, systemd STATUS=) and lifecycle_agent_finish_blocked.
+func (e *Engine) durably(ctx context.Context, a *active, what string, f func() error) bool {
+	for i := 1; ; i++ {
+		err := f()
+		if err == nil {
+			if i > 1 {
+				e.cfg.Metrics.FinishStuck.Set(0)
+				e.log.Info("journal writes again", "event", a.name, "what", what)
+			}
+			return true
+		}
+		e.cfg.Metrics.FinishStuck.Set(1)
+		e.log.Error("cannot journal "+what+"; the event is held (finalizer kept) until the journal accepts it", "event", a.name, "err", err)
+		e.setState(fmt.Sprintf("event %s: blocked: cannot journal %s: %v", a.name, what, err), "event", a.name)
+		if !e.sleep(ctx, backoff(i)) {
+			return false
+		}
 	}
 }
 
@@ -330,9 +402,12 @@ func (e *Engine) retryAPI(ctx context.Context, f func(context.Context) (bool, er
 	}
 }
 
-// finish writes the end state, then — once the API server has accepted it —
-// removes the finalizer, releases the slot and the node Lease, and moves the
-// event to the journal's history.
+// finish ends an event in the order the cluster must see it
+// (docs/reliability.md): the Node conditions for the end state, then the
+// end status, then — once the API server has accepted both — the finalizer
+// comes off, the slot and the node Lease are released, and the event moves
+// to the journal's history. Replayed from Finishing it does the same,
+// idempotently: the outbox still holds what was not delivered.
 func (e *Engine) finish(ctx context.Context, a *active, outcome journal.Outcome, msg string) {
 	now := e.cfg.Clock.Now()
 	cs, reason := v1alpha1.LifecycleEventFailed, "Failed"
@@ -343,16 +418,29 @@ func (e *Engine) finish(ctx context.Context, a *active, outcome journal.Outcome,
 		cs, reason = v1alpha1.LifecycleEventSlaExpired, "SlaExpired"
 	}
 	if a.jstate != journal.EventFinishing {
+		if a.outcomeMsg != "" && a.outcome == outcome {
+			msg = a.outcomeMsg // with what the abort could not undo
+		}
+		a.outcome, a.outcomeMsg = outcome, truncate(msg)
 		a.status.ClaimStatus = cs
 		a.status.Message = truncate(msg)
 		a.status.CompletionTime = ptrTime(now)
 		setCond(&a.status, v1alpha1.ConditionProgressing, metav1.ConditionFalse, string(cs), truncate(msg), now)
 		setCond(&a.status, v1alpha1.ConditionWaitingForDisruptionBudget, metav1.ConditionFalse, "NotWaiting", "", now)
-		if err := e.snapshot(a, journal.EventFinishing); err != nil {
-			e.log.Error("journal finishing", "event", a.name, "err", err)
+		// The end state is journaled, and both writes queued, before
+		// anything is reported: a journal that refuses them holds the
+		// event (finalizer kept) rather than release it unseen.
+		if !e.durably(ctx, a, "its end state", func() error {
+			if err := e.snapshot(a, journal.EventFinishing); err != nil {
+				return err
+			}
+			if err := e.pushNode(a, reason, corev1.ConditionFalse, true); err != nil {
+				return err
+			}
+			return e.pushStatus(a)
+		}) {
+			return
 		}
-		e.pushStatus(a)
-		e.pushNode(a, reason, corev1.ConditionFalse, true)
 		// One Kubernetes Event per event, with its outcome (a Warning per
 		// failed step comes on top): the steps and their times are in
 		// status.steps, and an Event per step would cost a write each.
@@ -372,10 +460,12 @@ func (e *Engine) finish(ctx context.Context, a *active, outcome journal.Outcome,
 		poke(e.flushWake)
 		select {
 		case <-ctx.Done():
-			return
 		case <-e.flushed:
 		case <-e.cfg.Clock.After(500 * time.Millisecond):
 		}
+	}
+	if ctx.Err() != nil {
+		return // stopping: replayed from Finishing at the next start
 	}
 	// gofail: var engineBeforeFinalizerRemove struct{}
 	for _, f := range []func(context.Context) (bool, error){
@@ -385,7 +475,7 @@ func (e *Engine) finish(ctx context.Context, a *active, outcome journal.Outcome,
 				e.forget(a.uid)
 				return true, err
 			}
-			return true, e.cfg.API.SetFinalizer(c, a.name, false)
+			return true, e.cfg.API.SetFinalizer(c, a.name, a.uid, false)
 		},
 		func(c context.Context) (bool, error) {
 			if a.slot == "" {
@@ -399,9 +489,12 @@ func (e *Engine) finish(ctx context.Context, a *active, outcome journal.Outcome,
 			e.log.Warn("finishing: API call failed", "event", a.name, "err", err)
 		}
 	}
+	if ctx.Err() != nil {
+		return
+	}
 	// gofail: var engineAfterFinalizerRemove struct{}
-	if err := e.cfg.Journal.FinishEvent(a.uid, outcome, truncate(msg)); err != nil {
-		e.log.Error("journal finish", "event", a.name, "err", err)
+	if !e.durably(ctx, a, "its move to history", func() error { return e.cfg.Journal.FinishEvent(a.uid, outcome, truncate(msg)) }) {
+		return
 	}
 	e.cfg.Metrics.Events.WithLabelValues(a.driver.Short(), string(cs)).Inc()
 	e.log.Info("event finished", "event", a.name, "outcome", string(cs), "message", msg)
@@ -453,6 +546,33 @@ func (e *Engine) waitSlot(ctx context.Context, a *active) error {
 	}
 }
 
+// guardLoop cancels the running event when the API says it was deleted or
+// replaced, between the watch's notifications: right after a restart the
+// watch has not synced, and a deletion that happened while the agent was
+// down never shows as a watch event (see checkGone).
+func (e *Engine) guardLoop(ctx context.Context, a *active) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-e.cfg.Clock.After(time.Second):
+		}
+		if a.cancelled() != nil {
+			return
+		}
+		e.mu.Lock()
+		w := e.watch
+		e.mu.Unlock()
+		a.mu.Lock()
+		confirmed := a.confirmed
+		a.mu.Unlock()
+		if (w == nil || !w.Synced()) && confirmed {
+			continue // seen alive; the watch takes over once it has synced
+		}
+		e.checkGone(ctx, a, false)
+	}
+}
+
 // renewLoop renews the node Lease and the slot while the event runs.
 func (e *Engine) renewLoop(ctx context.Context, a *active) {
 	for {
@@ -500,15 +620,19 @@ type nodePayload struct {
 	Conditions []apiclient.NodeCondition `json:"conditions"`
 }
 
-func (e *Engine) pushStatus(a *active) {
+func (e *Engine) pushStatus(a *active) error {
+	a.statusMu.Lock()
 	raw, _ := json.Marshal(a.status)
-	if _, err := e.cfg.Journal.OutboxPush(journal.OutboxEntry{UID: a.uid, Kind: journal.OutboxEventStatus, Payload: raw}); err != nil {
+	a.statusMu.Unlock()
+	_, err := e.cfg.Journal.OutboxPush(journal.OutboxEntry{UID: a.uid, Kind: journal.OutboxEventStatus, Payload: raw})
+	if err != nil {
 		e.log.Error("outbox push", "event", a.name, "err", err)
 	}
 	poke(e.flushWake)
+	return err
 }
 
-func (e *Engine) pushNode(a *active, reason string, status corev1.ConditionStatus, done bool) {
+func (e *Engine) pushNode(a *active, reason string, status corev1.ConditionStatus, done bool) error {
 	drains := false
 	for _, s := range a.steps {
 		if s.Name == "evict" {
@@ -517,10 +641,12 @@ func (e *Engine) pushNode(a *active, reason string, status corev1.ConditionStatu
 	}
 	conds := nodeConditions(a.tn, a.name, reason, status, a.driver.Name(), drains, done)
 	raw, _ := json.Marshal(nodePayload{Conditions: conds})
-	if _, err := e.cfg.Journal.OutboxPush(journal.OutboxEntry{UID: a.uid, Kind: journal.OutboxNodeCondition, Payload: raw}); err != nil {
+	_, err := e.cfg.Journal.OutboxPush(journal.OutboxEntry{UID: a.uid, Kind: journal.OutboxNodeCondition, Payload: raw})
+	if err != nil {
 		e.log.Error("outbox push", "event", a.name, "err", err)
 	}
 	poke(e.flushWake)
+	return err
 }
 
 // flushLoop delivers the outbox in order while the API server answers.

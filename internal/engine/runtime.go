@@ -24,10 +24,16 @@ func (r *stepRuntime) BootID() string            { return r.e.cfg.Host.BootID() 
 func (r *stepRuntime) Host() drivers.HostOps     { return r.e.cfg.Host }
 func (r *stepRuntime) Params() map[string]string { return r.a.params }
 func (r *stepRuntime) API() drivers.NodeAPI      { return r.e.cfg.API }
+
+// Progress may be called from several goroutines at once (kubectl's drain
+// library reports each pod's eviction from that pod's goroutine).
 func (r *stepRuntime) Progress(msg string) {
+	r.a.statusMu.Lock()
 	r.a.status.Message = truncate(msg)
-	r.e.pushStatus(r.a)
-	r.e.log.Info("progress", "event", r.a.name, "step", r.a.status.CurrentStep, "message", msg)
+	step := r.a.status.CurrentStep
+	r.a.statusMu.Unlock()
+	_ = r.e.pushStatus(r.a)
+	r.e.log.Info("progress", "event", r.a.name, "step", step, "message", msg)
 }
 
 func change(r *stepRuntime, c drivers.Change) journal.Change {

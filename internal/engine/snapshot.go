@@ -71,8 +71,10 @@ func (e *Engine) Snapshot() Snapshot {
 	a := e.current
 	e.mu.Unlock()
 	if a != nil {
+		a.statusMu.Lock()
 		es := &EventSnapshot{Name: a.name, Driver: a.driver.Name(), ClaimStatus: string(a.status.ClaimStatus),
 			CurrentStep: a.status.CurrentStep, Message: a.status.Message, Steps: append([]v1alpha1.StepStatus(nil), a.status.Steps...)}
+		a.statusMu.Unlock()
 		if !a.deadline.IsZero() {
 			es.Deadline = a.deadline.UTC().Format("2006-01-02T15:04:05Z")
 		}

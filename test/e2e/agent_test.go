@@ -15,6 +15,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 
 	"github.com/lifecycle-agent/lifecycle-agent/api/v1alpha1"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/agent"
@@ -63,6 +64,8 @@ type agentOpts struct {
 	logind    string // D-Bus address of a test logind: enables the shutdown guard
 	budget    time.Duration
 	configure func(*config.Config)
+	// rest replaces the node's own client config (e.g. through a CutProxy).
+	rest *rest.Config
 }
 
 // exe is the test binary itself, re-executed as the journal's integrity
@@ -104,8 +107,12 @@ func startAgent(t *testing.T, node string, o agentOpts) *testAgent {
 	ctx, cancel := context.WithCancel(context.Background())
 	a := &testAgent{node: node, dir: dir, cfg: cfg, cancel: cancel, done: make(chan error, 1), logBuf: buf, Journal: cfg.JournalPath}
 	ready := make(chan struct{})
+	rc := o.rest
+	if rc == nil {
+		rc = env.NodeConfig(node)
+	}
 	go func() {
-		a.done <- agent.Run(ctx, agent.Options{Config: cfg, Log: log, RestConfig: env.NodeConfig(node), Host: host,
+		a.done <- agent.Run(ctx, agent.Options{Config: cfg, Log: log, RestConfig: rc, Host: host,
 			CheckCommand: checkCommand(), NoServers: !o.servers, NoLogind: o.logind == "", LogindAddress: o.logind, NoGPU: true, ExtraDrivers: o.extra, Ready: ready})
 	}()
 	select {

@@ -8,8 +8,11 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/lifecycle-agent/lifecycle-agent/api/v1alpha1"
@@ -275,15 +278,38 @@ func TestRetentionZeroDeletesAtOnce(t *testing.T) {
 		_, err := clients(t, env.AdminConfig()).Transitions.Get(context.Background(), transitionName(node, "uncordon"), metav1.GetOptions{})
 		return err == nil
 	})
-	createEvent(t, "ret-1", node, transitionName(node, "uncordon"), nil, nil)
 	lc := clients(t, env.AdminConfig())
-	sawEnd := false
-	waitFor(t, "the finished event to be deleted", time.Minute, func() bool {
-		ev, err := lc.Events.Get(context.Background(), "ret-1", metav1.GetOptions{})
-		if err == nil && ev.Status.ClaimStatus == v1alpha1.LifecycleEventSucceeded {
+	// A watch sees every state the event passes through: it must end
+	// Succeeded (visible to anyone watching) and then be deleted.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	w, err := lc.Events.Watch(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", "ret-1").String()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	createEvent(t, "ret-1", node, transitionName(node, "uncordon"), nil, nil)
+	sawEnd, deleted := false, false
+	for ev := range w.ResultChan() {
+		le, ok := ev.Object.(*v1alpha1.LifecycleEvent)
+		if !ok {
+			continue
+		}
+		if le.Status.ClaimStatus == v1alpha1.LifecycleEventSucceeded {
 			sawEnd = true
 		}
-		return err != nil
-	})
-	_ = sawEnd
+		if ev.Type == watch.Deleted {
+			deleted = true
+			break
+		}
+	}
+	if !deleted {
+		t.Fatal("the finished event was not deleted within a minute (eventRetention 0)")
+	}
+	if !sawEnd {
+		t.Fatal("the event was deleted without ever showing Succeeded")
+	}
+	if _, err := lc.Events.Get(context.Background(), "ret-1", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Fatalf("after the delete: %v, want NotFound", err)
+	}
 }

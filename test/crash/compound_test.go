@@ -1,0 +1,287 @@
+package crash
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/util/retry"
+
+	"github.com/lifecycle-agent/lifecycle-agent/api/v1alpha1"
+	"github.com/lifecycle-agent/lifecycle-agent/internal/apiclient"
+	"github.com/lifecycle-agent/lifecycle-agent/test/testenv"
+)
+
+// claimBound is how soon an idle agent claims a new event bound to it
+// (docs/reliability.md).
+const claimBound = 10 * time.Second
+
+var (
+	spareOnce sync.Once
+	spareErr  error
+)
+
+// compoundCase prepares one node with PDB-protected pods for a compound
+// fault and returns it with admin clients. hold makes the PDB refuse every
+// eviction until release is called.
+func compoundCase(t *testing.T, node string, hold bool) (c *crashCase, lc *apiclient.LifecycleClients, cs kubernetes.Interface, release func()) {
+	t.Helper()
+	ctx := context.Background()
+	admin := env.AdminConfig()
+	spareOnce.Do(func() {
+		spareErr = testenv.CreateNode(ctx, admin, spareNode, map[string]string{"crash": "spare"})
+		if spareErr == nil || apierrors.IsAlreadyExists(spareErr) {
+			_, spareErr = testenv.RunKubeletStandIn(context.Background(), admin, spareNode)
+		}
+	})
+	if spareErr != nil {
+		t.Fatalf("spare node: %v", spareErr)
+	}
+	c = &crashCase{node: node, event: "drain-" + node, dir: t.TempDir(), sockDir: shortDir(t)}
+	if err := c.setUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	cs = kubernetes.NewForConfigOrDie(admin)
+	lc, err := apiclient.NewLifecycleClients(admin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	release = func() {}
+	if hold {
+		// minAvailable = replicas: no eviction is allowed.
+		pdbs := cs.PolicyV1().PodDisruptionBudgets(node)
+		setMin := func(v int32) {
+			err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+				p, err := pdbs.Get(ctx, "web", metav1.GetOptions{})
+				if err != nil {
+					return err
+				}
+				p.Spec.MinAvailable.IntVal = v
+				_, err = pdbs.Update(ctx, p, metav1.UpdateOptions{})
+				return err
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		setMin(replicas)
+		deadline := time.Now().Add(60 * time.Second)
+		for {
+			p, err := pdbs.Get(ctx, "web", metav1.GetOptions{})
+			if err == nil && p.Status.ObservedGeneration == p.Generation && p.Status.DisruptionsAllowed == 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("PodDisruptionBudget %s/web still allows disruptions after 60s", node)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		release = func() { setMin(replicas - 1) }
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			for _, l := range c.logs {
+				t.Logf("---- %s (last 80 lines)\n%s", filepath.Base(l), tail(l, 80))
+			}
+		}
+	})
+	return c, lc, cs, release
+}
+
+// shortDir is a directory for a unix socket (at most 107 bytes of path).
+func shortDir(t *testing.T) string {
+	t.Helper()
+	d, err := os.MkdirTemp("", "lacr")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(d) })
+	return d
+}
+
+func createDrain(t *testing.T, lc *apiclient.LifecycleClients, c *crashCase, name, short string) {
+	t.Helper()
+	ev := &v1alpha1.LifecycleEvent{ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: v1alpha1.LifecycleEventSpec{TransitionName: c.node + "-" + short, BindingNode: c.node}}
+	if _, err := lc.Events.Create(context.Background(), ev, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A drain claimed and blocked by a PodDisruptionBudget; the agent is
+// SIGKILLed; the event is deleted while it is down; the agent starts again.
+// The restarted agent must see the cancel before it acts: no eviction after
+// the restart, the finalizer released (the event is gone), the node
+// uncordoned, and LifecycleTransition no longer in progress. Then a new
+// event for the node is claimed at once (the agent is not deaf).
+func TestDeletedWhileDown(t *testing.T) {
+	c, lc, cs, release := compoundCase(t, "compound-deleted", true)
+	ctx := context.Background()
+	a1 := c.start(t, "")
+	waitFor(t, "transition published", 60*time.Second, a1, func() bool {
+		_, err := lc.Transitions.Get(ctx, c.node+"-drain", metav1.GetOptions{})
+		return err == nil
+	})
+	createDrain(t, lc, c, c.event, "drain")
+	waitFor(t, "the drain to be blocked at evict", 60*time.Second, a1, func() bool {
+		ev, err := lc.Events.Get(ctx, c.event, metav1.GetOptions{})
+		return err == nil && ev.Status.CurrentStep == "evict"
+	})
+	a1.kill()
+	if err := lc.Events.Delete(ctx, c.event, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// The budget would now let the evictions through: a drain that did not
+	// notice the cancel evicts the pods.
+	release()
+	killedAt := time.Now()
+	a2 := c.start(t, "")
+	waitFor(t, "the deleted event to be gone (finalizer released)", 60*time.Second, a2, func() bool {
+		_, err := lc.Events.Get(ctx, c.event, metav1.GetOptions{})
+		return apierrors.IsNotFound(err)
+	})
+	waitFor(t, "the node uncordoned and the transition ended", 60*time.Second, a2, func() bool {
+		n, err := cs.CoreV1().Nodes().Get(ctx, c.node, metav1.GetOptions{})
+		if err != nil || n.Spec.Unschedulable || n.Annotations[v1alpha1.AnnotationCordonedBy] != "" {
+			return false
+		}
+		cond := nodeCondition(n, v1alpha1.NodeConditionLifecycleTransition)
+		return cond != nil && cond.Status == corev1.ConditionFalse
+	})
+	pods, err := cs.CoreV1().Pods(c.node).List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + c.node})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(pods.Items) != replicas {
+		t.Errorf("%d of %d pods left on %s: the cancelled drain evicted after the restart", len(pods.Items), replicas, c.node)
+	}
+	evs, err := auditEvictions(c.node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for pod, n := range evs.accepted {
+		t.Errorf("pod %s evicted %d time(s) after the cancel (%s after the kill)", pod, n, time.Since(killedAt).Round(time.Millisecond))
+	}
+
+	// Not deaf: a new event is claimed at once.
+	createDrain(t, lc, c, "uncordon-"+c.node, "uncordon")
+	created := time.Now()
+	waitFor(t, "the next event to be claimed", claimBound, a2, func() bool {
+		ev, err := lc.Events.Get(ctx, "uncordon-"+c.node, metav1.GetOptions{})
+		return err == nil && ev.Status.ClaimStatus != "" && ev.Status.ClaimStatus != v1alpha1.LifecycleEventPending
+	})
+	t.Logf("next event claimed %s after creation", time.Since(created).Round(time.Millisecond))
+	if err := a2.stop(20 * time.Second); err != nil {
+		t.Error(err)
+	}
+}
+
+// The second report of the deaf agent: a drain claimed by an agent that was
+// SIGKILLed and restarted finishes Succeeded, is deleted, and the next
+// event for the node must be claimed within claimBound.
+func TestRestartFinishDeleteThenClaim(t *testing.T) {
+	c, lc, _, release := compoundCase(t, "compound-deaf", true)
+	ctx := context.Background()
+	a1 := c.start(t, "")
+	waitFor(t, "transition published", 60*time.Second, a1, func() bool {
+		_, err := lc.Transitions.Get(ctx, c.node+"-drain", metav1.GetOptions{})
+		return err == nil
+	})
+	createDrain(t, lc, c, c.event, "drain")
+	waitFor(t, "the drain to be blocked at evict", 60*time.Second, a1, func() bool {
+		ev, err := lc.Events.Get(ctx, c.event, metav1.GetOptions{})
+		return err == nil && ev.Status.CurrentStep == "evict"
+	})
+	a1.kill()
+	a2 := c.start(t, "")
+	release()
+	waitFor(t, "the resumed drain to finish", finishTimeout, a2, func() bool {
+		ev, err := lc.Events.Get(ctx, c.event, metav1.GetOptions{})
+		return err == nil && ev.Status.ClaimStatus == v1alpha1.LifecycleEventSucceeded && len(ev.Finalizers) == 0
+	})
+	if err := lc.Events.Delete(ctx, c.event, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the drain event gone", 30*time.Second, a2, func() bool {
+		_, err := lc.Events.Get(ctx, c.event, metav1.GetOptions{})
+		return apierrors.IsNotFound(err)
+	})
+	createDrain(t, lc, c, "uncordon-"+c.node, "uncordon")
+	created := time.Now()
+	waitFor(t, "the next event to be claimed", claimBound, a2, func() bool {
+		ev, err := lc.Events.Get(ctx, "uncordon-"+c.node, metav1.GetOptions{})
+		return err == nil && ev.Status.ClaimStatus != "" && ev.Status.ClaimStatus != v1alpha1.LifecycleEventPending
+	})
+	t.Logf("next event claimed %s after creation", time.Since(created).Round(time.Millisecond))
+	if err := a2.stop(20 * time.Second); err != nil {
+		t.Error(err)
+	}
+}
+
+// A drain blocked by a PodDisruptionBudget is cancelled (deleted) while the
+// agent runs; the agent dies in the middle of the abort (failpoint
+// engineDuringAbort). The restarted agent must resume straight into the
+// abort: no step runs again (no eviction once the budget allows it), the
+// node is uncordoned, the finalizer comes off and the event is gone.
+func TestCrashDuringAbortOfCancel(t *testing.T) {
+	c, lc, cs, release := compoundCase(t, "compound-abort", true)
+	ctx := context.Background()
+	a1 := c.start(t, `engineDuringAbort=1*panic("crash at engineDuringAbort")`)
+	waitFor(t, "transition published", 60*time.Second, a1, func() bool {
+		_, err := lc.Transitions.Get(ctx, c.node+"-drain", metav1.GetOptions{})
+		return err == nil
+	})
+	createDrain(t, lc, c, c.event, "drain")
+	waitFor(t, "the drain to be blocked at evict", 60*time.Second, a1, func() bool {
+		ev, err := lc.Events.Get(ctx, c.event, metav1.GetOptions{})
+		return err == nil && ev.Status.CurrentStep == "evict"
+	})
+	if err := lc.Events.Delete(ctx, c.event, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-a1.done:
+	case <-time.After(60 * time.Second):
+		t.Fatal("the agent did not reach engineDuringAbort within 60s of the cancel")
+	}
+	if !strings.Contains(a1.logText(), "panic: failpoint panic: crash at engineDuringAbort") {
+		t.Fatalf("the agent died, but not at engineDuringAbort: %s", a1.exit())
+	}
+	release()
+	a2 := c.start(t, "")
+	waitFor(t, "the cancelled event to be gone (finalizer released)", 60*time.Second, a2, func() bool {
+		_, err := lc.Events.Get(ctx, c.event, metav1.GetOptions{})
+		return apierrors.IsNotFound(err)
+	})
+	waitFor(t, "the node uncordoned and the transition ended", 60*time.Second, a2, func() bool {
+		n, err := cs.CoreV1().Nodes().Get(ctx, c.node, metav1.GetOptions{})
+		if err != nil || n.Spec.Unschedulable || n.Annotations[v1alpha1.AnnotationCordonedBy] != "" {
+			return false
+		}
+		cond := nodeCondition(n, v1alpha1.NodeConditionLifecycleTransition)
+		return cond != nil && cond.Status == corev1.ConditionFalse
+	})
+	// Give a resumed drain (the bug) time to evict now that it may.
+	time.Sleep(2 * time.Second)
+	evs, err := auditEvictions(c.node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for pod, n := range evs.accepted {
+		t.Errorf("pod %s evicted %d time(s) after the cancel: the failed step ran again", pod, n)
+	}
+	if !strings.Contains(a2.logText(), `state=Aborting`) {
+		t.Errorf("the restarted agent did not resume the event in its abort:\n%s", tail(a2.log, 30))
+	}
+	if err := a2.stop(20 * time.Second); err != nil {
+		t.Error(err)
+	}
+}
