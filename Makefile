@@ -73,6 +73,15 @@ test-packaging: ## build the .deb and check it: contents, lintian, systemd-analy
 bench: build kubebin ## benchmarks; results go to docs/benchmarks.md
 	hack/bench.sh
 
+# Randomized fault schedules (test/crash TestChaos): the real agent through
+# kills, outages (reset and half-open), cancels while alive, down and cut
+# off, with the pods behind a PodDisruptionBudget. make test runs a small
+# seeded smoke of it (6 schedules, no PDB) as part of test/crash.
+CHAOS_SCHEDULES ?= 100
+.PHONY: chaos
+chaos: kubebin ## randomized fault schedules against the real agent (CHAOS_SCHEDULES=100, CHAOS_SEED=n replays)
+	CHAOS_PDB=1 CHAOS_SCHEDULES=$(CHAOS_SCHEDULES) $(GO) test -tags $(TAGS) -count=1 -v -timeout 120m -run '^TestChaos$$' ./test/crash/
+
 .PHONY: bench-ci
 bench-ci: kubebin ## CI regression benchmarks: claim latency and journal commit (go test -bench, < 2 min, no timing assertions)
 	$(GO) test -tags $(TAGS) -count=1 -run '^$$' -bench '^BenchmarkClaimLatency$$' -benchtime 40x -timeout 5m ./bench/

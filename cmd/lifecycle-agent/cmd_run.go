@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"sync/atomic"
 
 	"github.com/spf13/cobra"
 
@@ -30,11 +31,20 @@ serve metrics on a loopback address. Stops on SIGTERM or SIGINT.`,
 // runAgent is `lifecycle-agent run`. e.cfg is loaded and valid.
 func runAgent(ctx context.Context, e *env) error {
 	n := host.NewNotifier(e.log, nil)
-	go n.RunWatchdog(ctx, nil)
+	// The watchdog pings only while the engine shows progress (see
+	// engine.Healthy): a wedged agent is restarted by systemd.
+	var check atomic.Pointer[func() error]
+	go n.RunWatchdog(ctx, func() error {
+		if f := check.Load(); f != nil {
+			return (*f)()
+		}
+		return nil
+	})
 	return daemon.Run(ctx, daemon.Options{
 		Config:       e.cfg,
 		Log:          e.log,
 		CheckCommand: journalOptions().CheckCommand,
+		Health:       func(f func() error) { check.Store(&f) },
 		Notify: func(kind, msg string) {
 			var err error
 			switch kind {

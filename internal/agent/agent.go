@@ -51,6 +51,9 @@ type Options struct {
 	ExtraDrivers []drivers.Driver
 	// Ready, if set, is closed once READY was announced.
 	Ready chan<- struct{}
+	// Health, if set, is given the engine's health check (engine.Healthy)
+	// once the engine exists: systemd's watchdog pings only while it passes.
+	Health func(check func() error)
 	// LogindAddress is the D-Bus address of logind's bus (empty: the system bus).
 	LogindAddress string
 	// NoLogind skips the shutdown guard (many agents in one process).
@@ -166,6 +169,9 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
+	if o.Health != nil {
+		o.Health(eng.Healthy)
+	}
 	unfinished, err := j.Events()
 	if err != nil {
 		return fmt.Errorf("agent: journal replay: %w", err)
@@ -219,7 +225,13 @@ func registerContactMetrics(reg prometheus.Registerer, api *apiclient.Client) {
 func serve(ctx context.Context, cfg *config.Config, reg *prometheus.Registry, eng *engine.Engine, log *slog.Logger) (func(), error) {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		if err := eng.Healthy(); err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write([]byte("ok\n"))
+	})
 	ml, err := net.Listen("tcp", cfg.MetricsAddress)
 	if err != nil {
 		return nil, fmt.Errorf("agent: metrics listener on %s: %w", cfg.MetricsAddress, err)

@@ -1,6 +1,7 @@
 package apiclient
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"net/http"
@@ -22,6 +23,32 @@ import (
 // closes the connection when no answer came within 3 s more: a dead
 // connection is found at most 6 s after its last frame.
 var http2HealthCheck = map[string]string{"HTTP2_READ_IDLE_TIMEOUT_SECONDS": "3", "HTTP2_PING_TIMEOUT_SECONDS": "3"}
+
+// firstByteTimeout bounds how long a new connection may stay silent: a
+// server that has not sent its first byte (the TLS ServerHello) by then is
+// not there, whatever client-go's 10 s TLS handshake timeout would wait.
+const firstByteTimeout = 3 * time.Second
+
+// firstByteConn fails reads and writes of a new connection after a
+// deadline until the first byte arrives, then lifts the deadline: after
+// that the HTTP/2 health check watches the connection.
+type firstByteConn struct {
+	net.Conn
+	once sync.Once
+}
+
+func newFirstByteConn(c net.Conn, d time.Duration) net.Conn {
+	_ = c.SetDeadline(time.Now().Add(d))
+	return &firstByteConn{Conn: c}
+}
+
+func (c *firstByteConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if n > 0 {
+		c.once.Do(func() { _ = c.Conn.SetDeadline(time.Time{}) })
+	}
+	return n, err
+}
 
 // Client bundles the clients the agent uses, for one node.
 type Client struct {
@@ -73,7 +100,13 @@ func New(cfg *rest.Config, node string, timeout time.Duration) (*Client, error) 
 	// a claim, and the other way round.
 	if c.Dial == nil {
 		d := &net.Dialer{Timeout: timeout, KeepAlive: 15 * time.Second}
-		c.Dial = d.DialContext
+		c.Dial = func(ctx context.Context, network, addr string) (net.Conn, error) {
+			conn, err := d.DialContext(ctx, network, addr)
+			if err != nil {
+				return nil, err
+			}
+			return newFirstByteConn(conn, firstByteTimeout), nil
+		}
 	}
 	if c.QPS == 0 {
 		c.QPS, c.Burst = 20, 40

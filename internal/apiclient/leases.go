@@ -119,8 +119,13 @@ func (c *Client) NodeLeaseHolder(ctx context.Context, now time.Time) (string, er
 }
 
 // AcquireSlot takes one of the Leases <group>-0 … <group>-(max-1) for h, or
-// renews the one h already holds. A slot is free when it does not exist, its
-// lease expired, or the event it was taken for has ended or is gone.
+// renews the one h already holds. A slot is free when it does not exist, has
+// no holder, or the event it was taken for has ended or is gone. An expired
+// slot Lease is NOT free while its event is still unfinished: its holder may
+// be down for longer than any Lease (a bare-metal reboot, POST included, or
+// an API partition), and handing the slot on would put maxConcurrent+1
+// nodes of the group down at once. An event that will never end (its node
+// is gone for good) frees its slot when it is deleted.
 func (c *Client) AcquireSlot(ctx context.Context, group string, max int, h LeaseHolder, now time.Time) (string, error) {
 	leases := c.LC.Leases(v1alpha1.SystemNamespace)
 	// Renew first, wherever we already hold one.
@@ -133,7 +138,7 @@ func (c *Client) AcquireSlot(ctx context.Context, group string, max int, h Lease
 	}
 	for i := 0; i < max; i++ {
 		name := SlotLeaseName(group, i)
-		err := c.acquire(ctx, name, h, now, c.slotEventEnded)
+		err := c.acquireSlot(ctx, name, h, now)
 		if err == nil {
 			return name, nil
 		}
@@ -168,7 +173,26 @@ func (c *Client) slotEventEnded(ctx context.Context, l *v1alpha1.LifecycleLease)
 	return ev.Status.ClaimStatus.Finished()
 }
 
+// acquireSlot takes slot lease name unless it is held for an unfinished
+// event (see AcquireSlot): expiry alone does not free it.
+func (c *Client) acquireSlot(ctx context.Context, name string, h LeaseHolder, now time.Time) error {
+	return c.acquireIf(ctx, name, h, now, func(ctx context.Context, l *v1alpha1.LifecycleLease) bool {
+		if l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity == "" {
+			return true
+		}
+		return c.slotEventEnded(ctx, l)
+	})
+}
+
 func (c *Client) acquire(ctx context.Context, name string, h LeaseHolder, now time.Time, stale func(context.Context, *v1alpha1.LifecycleLease) bool) error {
+	return c.acquireIf(ctx, name, h, now, func(ctx context.Context, l *v1alpha1.LifecycleLease) bool {
+		return expired(l, now) || stale != nil && stale(ctx, l)
+	})
+}
+
+// acquireIf takes lease name for h when it does not exist, is ours, or free
+// says another holder's lease may be taken.
+func (c *Client) acquireIf(ctx context.Context, name string, h LeaseHolder, now time.Time, free func(context.Context, *v1alpha1.LifecycleLease) bool) error {
 	leases := c.LC.Leases(v1alpha1.SystemNamespace)
 	secs := int32(h.Duration / time.Second)
 	if secs < 1 {
@@ -196,7 +220,7 @@ func (c *Client) acquire(ctx context.Context, name string, h LeaseHolder, now ti
 		return fmt.Errorf("apiclient: get lease %s: %w", name, err)
 	}
 	ours := l.Spec.HolderIdentity != nil && *l.Spec.HolderIdentity == h.Identity
-	if !ours && !expired(l, now) && (stale == nil || !stale(ctx, l)) {
+	if !ours && !free(ctx, l) {
 		return fmt.Errorf("%w: %s is held by %s", ErrLeaseHeld, name, *l.Spec.HolderIdentity)
 	}
 	err = c.updateLease(ctx, l, h, now)

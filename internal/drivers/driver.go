@@ -90,6 +90,9 @@ type HostOps interface {
 	// Inhibit takes a logind block inhibitor on what ("shutdown:sleep") for
 	// the duration of a critical step; release it with the returned func.
 	Inhibit(ctx context.Context, what, why string) (release func(), err error)
+	// UnitActive reports whether a systemd unit (a transient one of
+	// RunTransient, after a cancel or a restart) is still active.
+	UnitActive(ctx context.Context, unit string) (bool, error)
 	// StopUnits and StartUnits stop and start systemd units (GPU services).
 	StopUnits(ctx context.Context, units ...string) error
 	StartUnits(ctx context.Context, units ...string) error

@@ -71,6 +71,10 @@ func (e *exitErr) ExitStatus() int { return e.status }
 type fakeHost struct {
 	rec *recorder
 
+	// activeFor: UnitActive answers true this many times; unitErr: it fails.
+	activeFor int
+	unitErr   error
+
 	mu     sync.Mutex
 	bootID string
 	boots  int
@@ -204,6 +208,22 @@ func (h *fakeHost) StartUnits(ctx context.Context, units ...string) error {
 }
 
 func (h *fakeHost) Simulated() bool { return h.simulated }
+
+// UnitActive answers true for the first activeFor calls about a unit (a
+// transient unit still running after a cancel), then false.
+func (h *fakeHost) UnitActive(ctx context.Context, unit string) (bool, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.rec.add("host.UnitActive %s", unit)
+	if h.unitErr != nil {
+		return false, h.unitErr
+	}
+	if h.activeFor > 0 {
+		h.activeFor--
+		return true, nil
+	}
+	return false, nil
+}
 
 // fakeAPI is a recording NodeAPI with apiclient's cordon semantics: the
 // cordon's owner is an annotation; a cordon without one is someone else's.

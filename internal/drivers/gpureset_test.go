@@ -117,10 +117,11 @@ func (h *gpuHost) BootID() string {
 	defer h.mu.Unlock()
 	return h.bootID
 }
-func (h *gpuHost) Reboot(context.Context) error       { return errors.New("gpuHost: no reboot") }
-func (h *gpuHost) OSRelease() (string, string, error) { return "12", "6.1.0", nil }
-func (h *gpuHost) RebootRequired() bool               { return false }
-func (h *gpuHost) Simulated() bool                    { return h.simulated }
+func (h *gpuHost) Reboot(context.Context) error                     { return errors.New("gpuHost: no reboot") }
+func (h *gpuHost) OSRelease() (string, string, error)               { return "12", "6.1.0", nil }
+func (h *gpuHost) RebootRequired() bool                             { return false }
+func (h *gpuHost) Simulated() bool                                  { return h.simulated }
+func (h *gpuHost) UnitActive(context.Context, string) (bool, error) { return false, nil }
 func (h *gpuHost) RunTransient(context.Context, string, []string, []string, time.Duration) error {
 	return errors.New("gpuHost: no transient units")
 }

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/lifecycle-agent/lifecycle-agent/internal/apiclient"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/config"
 )
 
@@ -86,6 +87,48 @@ func (OSUpgrade) End() string        { return "OSUpgradeComplete" }
 func (OSUpgrade) SLA() time.Duration { return 4 * time.Hour }
 
 var osUpgradeParams = []string{"mode", "profile", "targetVersionID", "targetKernel", "waitForReady", "rebootAttempts"}
+
+// unitPoll is how often Abort looks whether the upgrade unit still runs.
+var unitPoll = 2 * time.Second
+
+// Abort runs when an os-upgrade is cancelled, fails or runs out of sla.
+// An upgrade is never killed half-way (a package manager stopped in the
+// middle can leave the system unbootable): while its transient unit is
+// still active, the node stays cordoned and the status says so; once the
+// unit has ended (its RuntimeMaxSec, the profile's timeout, bounds it), the
+// cordon this event made is undone. A unit whose state cannot be read keeps
+// the node cordoned (fail closed) and the error is the abort's.
+func (d OSUpgrade) Abort(ctx context.Context, rt Runtime) error {
+	unit := transientUnitName("lifecycle-os-upgrade-", rt.EventName())
+	said := false
+	for {
+		active, err := rt.Host().UnitActive(ctx, unit)
+		if err != nil {
+			return fmt.Errorf("cannot tell whether the upgrade unit %s still runs, so the node stays cordoned: %w", unit, err)
+		}
+		if !active {
+			break
+		}
+		if !said {
+			rt.Progress(fmt.Sprintf("stopping: the upgrade unit %s is still running and is never killed half-way; the node stays cordoned until it ends", unit))
+			said = true
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(unitPoll):
+		}
+	}
+	cordon := Change{Kind: "cordon", Key: rt.Node()}
+	owned := rt.Owns(cordon)
+	if _, err := rt.API().Uncordon(ctx, rt.EventName(), false); err != nil && !errors.Is(err, apiclient.ErrCordonNotOurs) {
+		return err
+	}
+	if owned {
+		return rt.Disown(cordon)
+	}
+	return nil
+}
 
 // profileNames lists the configured profiles, sorted, for messages.
 func (d OSUpgrade) profileNames() string {

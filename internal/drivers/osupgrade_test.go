@@ -297,3 +297,51 @@ func TestTransientUnitName(t *testing.T) {
 		})
 	}
 }
+
+// A cancelled (or failed) os-upgrade whose transient unit still runs keeps
+// the node cordoned until the unit has ended, says so in status, and then
+// undoes only its own cordon; a unit whose state cannot be read keeps the
+// node cordoned.
+func TestOSUpgradeAbortWaitsForTheUnit(t *testing.T) {
+	old := unitPoll
+	unitPoll = time.Millisecond
+	t.Cleanup(func() { unitPoll = old })
+	d := OSUpgrade{Profiles: map[string]config.OSUpgradeProfile{"apt": {Command: []string{"/usr/local/sbin/upgrade-apt"}}}}
+
+	rt := newFake()
+	if _, err := rt.api.Cordon(context.Background(), "ev-1"); err != nil {
+		t.Fatal(err)
+	}
+	_ = rt.Own(Change{Kind: "cordon", Key: "node-a"})
+	rt.host.activeFor = 3
+	if err := d.Abort(context.Background(), rt); err != nil {
+		t.Fatalf("Abort: %v", err)
+	}
+	calls := rt.rec.list()
+	unit := "host.UnitActive lifecycle-os-upgrade-ev-1.service"
+	if n := slices.Index(calls, "api.Uncordon ev-1 force=false"); n < 0 || slices.Index(calls[n:], unit) >= 0 || slices.Index(calls, unit) > n {
+		t.Fatalf("calls %q: want the unit's checks, then the uncordon", calls)
+	}
+	if got := rt.rec.count(unit); got != 4 {
+		t.Errorf("%d UnitActive checks, want 4 (3 active, then ended)", got)
+	}
+	if !strings.Contains(rt.allProgress(), "is still running and is never killed half-way; the node stays cordoned until it ends") {
+		t.Errorf("status while waiting: %q", rt.allProgress())
+	}
+	if rt.api.cordoned {
+		t.Error("the node stayed cordoned after the unit ended")
+	}
+
+	rt = newFake()
+	rt.event = "ev-2"
+	if _, err := rt.api.Cordon(context.Background(), "ev-2"); err != nil {
+		t.Fatal(err)
+	}
+	rt.host.unitErr = errors.New("systemctl: Failed to connect to bus")
+	if err := d.Abort(context.Background(), rt); err == nil || !strings.Contains(err.Error(), "so the node stays cordoned") {
+		t.Fatalf("Abort with an unreadable unit: %v", err)
+	}
+	if !rt.api.cordoned {
+		t.Error("the node was uncordoned although the upgrade unit's state is unknown")
+	}
+}

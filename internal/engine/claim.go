@@ -240,8 +240,8 @@ func (e *Engine) snapshot(a *active, st journal.EventState) error {
 		}
 		attrs["params"] = string(raw)
 	}
-	if a.slot != "" {
-		attrs["slot"] = a.slot
+	if slot := a.heldSlot(); slot != "" {
+		attrs["slot"] = slot
 	}
 	if a.outcome != 0 {
 		attrs["outcome"] = strconv.Itoa(int(a.outcome))
@@ -263,7 +263,16 @@ func (e *Engine) resume(r journal.EventRecord) (*active, error) {
 	}
 	d, ok := e.drivers[r.Driver]
 	if !ok {
-		return nil, fmt.Errorf("driver %s is not enabled any more", r.Driver)
+		// Disabled (or its hardware gone) since the claim: the event cannot
+		// go on, but it must not stay Claimed with its finalizer either.
+		// It is aborted with the default undo (uncordon what it owns) and
+		// ends Failed, saying why.
+		d = goneDriver{name: r.Driver, start: ev.Status.Driver.Start, end: ev.Status.Driver.End}
+		a := &active{name: r.Name, uid: r.UID, driver: d, ev: &ev, status: ev.Status, tn: r.Attrs["transition"], slot: r.Attrs["slot"],
+			jstate: r.State, resumed: true,
+			failNow: fmt.Errorf("driver %s is not enabled on this node any more (config drivers.*, or its hardware is gone); the event was aborted", r.Driver)}
+		e.log.Warn("resuming an event whose driver is gone: aborting it", "event", a.name, "driver", r.Driver)
+		return a, nil
 	}
 	// The plan fixed at claim, never a fresh resolution against the host.
 	params := ev.Spec.Parameters
@@ -286,6 +295,24 @@ func (e *Engine) resume(r journal.EventRecord) (*active, error) {
 	return a, nil
 }
 
+// goneDriver stands in for a driver that is not there any more on replay:
+// it has no steps and no abort of its own (the engine's default undo runs).
+type goneDriver struct{ name, start, end string }
+
+func (g goneDriver) Name() string { return g.name }
+func (g goneDriver) Short() string {
+	if i := strings.LastIndex(g.name, "/"); i >= 0 {
+		return g.name[i+1:]
+	}
+	return g.name
+}
+func (g goneDriver) Start() string      { return g.start }
+func (g goneDriver) End() string        { return g.end }
+func (g goneDriver) SLA() time.Duration { return 0 }
+func (g goneDriver) Plan(map[string]string) ([]drivers.Step, error) {
+	return nil, fmt.Errorf("driver %s is not enabled", g.name)
+}
+
 func setCond(st *v1alpha1.LifecycleEventStatus, typ string, status metav1.ConditionStatus, reason, msg string, now time.Time) {
 	if len(msg) > 1024 {
 		msg = msg[:1021] + "..."
@@ -306,9 +333,13 @@ func isTransient(err error) bool {
 		return false
 	}
 	s := err.Error()
-	return strings.Contains(s, "connection refused") || strings.Contains(s, "i/o timeout") || strings.Contains(s, "EOF") ||
-		strings.Contains(s, "no route to host") || strings.Contains(s, "connection reset") || strings.Contains(s, "Client.Timeout") ||
-		errors.Is(err, context.DeadlineExceeded)
+	for _, sub := range []string{"connection refused", "i/o timeout", "EOF", "no route to host", "connection reset",
+		"Client.Timeout", "client connection lost", "TLS handshake timeout", "broken pipe", "http2: client connection"} {
+		if strings.Contains(s, sub) {
+			return true
+		}
+	}
+	return errors.Is(err, context.DeadlineExceeded)
 }
 
 var _ = drivers.Prefix

@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"log/slog"
 	"sort"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -60,7 +62,10 @@ type Engine struct {
 	flushWake chan struct{}
 	flushed   chan struct{}        // poked after each outbox delivery (finish waits on it)
 	deleted   map[string]time.Time // UIDs collect deleted, until the watch catches up
+	nextUndo  time.Time            // when retryLeftoverUndo looks again
 	watch     *apiclient.EventWatch
+
+	beat atomic.Int64 // UnixNano of the engine's last sign of progress (Healthy)
 
 	mu      sync.Mutex
 	current *active
@@ -92,6 +97,29 @@ func New(cfg Config) (*Engine, error) {
 		e.drivers[d.Name()] = d
 	}
 	return e, nil
+}
+
+// stallAfter is how long the engine may show no progress before Healthy
+// fails: well above its longest quiet stretch (a 2-minute retry inside
+// finish, where the outbox wait still beats every 500 ms; Resync 5 s).
+const stallAfter = 3 * time.Minute
+
+// alive records progress: the main loop's turns, a running event's guard
+// (every second), the end's wait for the outbox, the publish retries.
+func (e *Engine) alive() { e.beat.Store(e.cfg.Clock.Now().UnixNano()) }
+
+// Healthy fails when the engine has shown no progress for stallAfter: a
+// wedged loop. systemd's watchdog and /healthz use it, so systemd restarts
+// a wedged agent (which then resumes from the journal).
+func (e *Engine) Healthy() error {
+	last := e.beat.Load()
+	if last == 0 {
+		return nil // not started yet: start-up has its own timeout (READY)
+	}
+	if age := e.cfg.Clock.Since(time.Unix(0, last)); age > stallAfter {
+		return fmt.Errorf("engine: no progress for %s (state %q)", age.Round(time.Second), e.State())
+	}
+	return nil
 }
 
 func poke(c chan struct{}) {
@@ -129,6 +157,7 @@ func (e *Engine) State() string {
 // ctx ends.
 func (e *Engine) Run(ctx context.Context) error {
 	go e.flushLoop(ctx)
+	e.alive()
 	e.setState("starting")
 	// The watch starts first, so that an event resumed from the journal
 	// sees its own deletion (a cancel while the agent was down) as soon as
@@ -159,6 +188,7 @@ func (e *Engine) Run(ctx context.Context) error {
 	}
 	// Then the API: publish our transitions and watch our events.
 	for ctx.Err() == nil {
+		e.alive()
 		if err := e.publish(ctx); err == nil {
 			break
 		} else {
@@ -177,6 +207,7 @@ func (e *Engine) Run(ctx context.Context) error {
 	// node's events directly and claim from that (docs/reliability.md).
 	relist := false
 	for ctx.Err() == nil {
+		e.alive()
 		var fresh []*v1alpha1.LifecycleEvent
 		if relist {
 			// A short timeout of its own: a connection dialled during the
@@ -203,6 +234,7 @@ func (e *Engine) Run(ctx context.Context) error {
 			if w.Synced() {
 				e.collect(ctx)
 			}
+			e.retryLeftoverUndo(ctx)
 			e.publishRequests(ctx)
 		}
 		// While the server does not answer, or for watchDegraded after the
@@ -363,6 +395,55 @@ func (e *Engine) collect(ctx context.Context) {
 	}
 }
 
+// retryLeftoverUndo undoes, while idle, a cordon the journal says an event
+// made whose event has ended without success: its abort could not undo it
+// (the API refused for the 2 minutes abort retries). The journal's record is
+// dropped once the node is uncordoned (or the cordon is no longer ours: its
+// annotation names someone else). A succeeded drain's cordon is its
+// contract and is kept. It looks at most every 30 s.
+func (e *Engine) retryLeftoverUndo(ctx context.Context) {
+	now := e.cfg.Clock.Now()
+	if now.Before(e.nextUndo) {
+		return
+	}
+	e.nextUndo = now.Add(30 * time.Second)
+	owned, err := e.cfg.Journal.Owned()
+	if err != nil || len(owned) == 0 {
+		return
+	}
+	hist, err := e.cfg.Journal.History()
+	if err != nil {
+		return
+	}
+	outcome := map[string]journal.Outcome{}
+	for _, h := range hist {
+		// An os-upgrade's abort keeps the node cordoned on purpose while
+		// its unit may still run (drivers.OSUpgrade.Abort): not retried.
+		if strings.HasSuffix(h.Event.Driver, "/os-upgrade") {
+			continue
+		}
+		outcome[h.Event.UID] = h.Outcome
+	}
+	for _, ch := range owned {
+		if ch.Kind != journal.ChangeCordon || ch.Node != e.cfg.Node || ch.Name != "" || ch.Value == "" {
+			continue
+		}
+		if o, ok := outcome[ch.EventUID]; !ok || o == journal.OutcomeSucceeded {
+			continue // still running, or a drain's cordon by contract
+		}
+		_, err := e.cfg.API.Uncordon(ctx, ch.Value, false)
+		if err != nil && !errors.Is(err, apiclient.ErrCordonNotOurs) {
+			e.log.Warn("undoing a leftover cordon failed; will retry", "event", ch.Value, "err", err)
+			continue
+		}
+		if err := e.cfg.Journal.RemoveOwned(ch.Key()); err != nil {
+			e.log.Warn("dropping a leftover cordon record failed", "event", ch.Value, "err", err)
+			continue
+		}
+		e.log.Info("undid a leftover cordon of an event that ended without success", "event", ch.Value, "outcome", outcome[ch.EventUID].String())
+	}
+}
+
 // nodeConditions are the Node conditions for an event in a given phase.
 func nodeConditions(tn, name, reason string, status corev1.ConditionStatus, driver string, drain, done bool) []apiclient.NodeCondition {
 	msg := fmt.Sprintf("Lifecycle Transition '%s' (event %s)", tn, name)
@@ -385,6 +466,7 @@ func nodeConditions(tn, name, reason string, status corev1.ConditionStatus, driv
 var (
 	errCancelled = errors.New("cancelled: the event was deleted")
 	errDeadline  = errors.New("the sla deadline passed")
+	errSlotLost  = errors.New("the disruption slot was lost")
 )
 
 func errorsIs(err, target error) bool { return errors.Is(err, target) }

@@ -58,6 +58,19 @@ func (a *active) cancel(why error) {
 	}
 }
 
+// heldSlot and setSlot guard slot between the engine and renewLoop.
+func (a *active) heldSlot() string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.slot
+}
+
+func (a *active) setSlot(s string) {
+	a.mu.Lock()
+	a.slot = s
+	a.mu.Unlock()
+}
+
 func (a *active) cancelled() error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -103,7 +116,14 @@ func (e *Engine) execute(ctx context.Context, a *active) {
 		return
 	}
 	if a.failNow != nil {
-		e.finish(ctx, a, journal.OutcomeFailed, a.failNow.Error())
+		// Refused before the first step (bad parameters), or on replay (the
+		// driver is gone, the journaled plan does not decode): whatever a
+		// started step may have changed is undone first.
+		msg := a.failNow.Error()
+		if e.anyStepStarted(a) && !e.abort(ctx, a, journal.OutcomeFailed, msg) {
+			return
+		}
+		e.finish(ctx, a, journal.OutcomeFailed, msg)
 		return
 	}
 	if len(a.status.Steps) != len(a.steps) {
@@ -128,6 +148,13 @@ func (e *Engine) execute(ctx context.Context, a *active) {
 		}
 	}
 	e.finish(ctx, a, outcome, msg)
+}
+
+// anyStepStarted reports whether the journal holds a step record of a (an
+// unreadable journal counts as started: the undo is idempotent).
+func (e *Engine) anyStepStarted(a *active) bool {
+	recs, err := e.cfg.Journal.Steps(a.uid)
+	return err != nil || len(recs) > 0
 }
 
 // journaledOutcome is the outcome an event was ending with when the agent
@@ -189,7 +216,7 @@ func (e *Engine) runSteps(ctx context.Context, a *active) (journal.Outcome, stri
 		if err := e.gate(ctx, a); err != nil {
 			return e.stopped(a, err)
 		}
-		if s.Disruptive && a.ev.Spec.Disruption != nil && a.slot == "" {
+		if s.Disruptive && a.ev.Spec.Disruption != nil && a.heldSlot() == "" {
 			if err := e.waitSlot(ctx, a); err != nil {
 				return e.stopped(a, err)
 			}
@@ -253,6 +280,8 @@ func (e *Engine) stopped(a *active, err error) (journal.Outcome, string) {
 		return journal.OutcomeSlaExpired, fmt.Sprintf("sla deadline %s passed during step %s%s", a.deadline.UTC().Format(time.RFC3339), a.status.CurrentStep, lastWord(a))
 	case errors.Is(err, errCancelled):
 		return journal.OutcomeCancelled, errCancelled.Error()
+	case errors.Is(err, errSlotLost):
+		return journal.OutcomeFailed, fmt.Sprintf("stopped before step %s: %v", a.status.CurrentStep, err)
 	}
 	return journal.OutcomeFailed, err.Error()
 }
@@ -348,10 +377,20 @@ func (e *Engine) abort(ctx context.Context, a *active, outcome journal.Outcome, 
 	var err error
 	if ab, ok := a.driver.(drivers.Abortable); ok {
 		err = ab.Abort(ctx, rt)
-	} else if rt.Owns(drivers.Change{Kind: "cordon", Key: e.cfg.Node}) {
+	} else {
+		// The cordon this event made: the journal's ownership record, or
+		// (when the journal lost it: moved aside as corrupt, a re-imaged
+		// root) the Node's cordoned-by annotation naming this event.
+		// Uncordon acts only on a cordon annotated with this event's name,
+		// so a cordon of anyone else's is left alone.
+		cordon := drivers.Change{Kind: "cordon", Key: e.cfg.Node}
+		owned := rt.Owns(cordon)
 		_, err = e.retryAPI(ctx, func(c context.Context) (bool, error) { return e.cfg.API.Uncordon(c, a.name, false) })
-		if err == nil {
-			err = rt.Disown(drivers.Change{Kind: "cordon", Key: e.cfg.Node})
+		if errors.Is(err, apiclient.ErrCordonNotOurs) {
+			err = nil
+		}
+		if err == nil && owned {
+			err = rt.Disown(cordon)
 		}
 	}
 	if ctx.Err() != nil {
@@ -453,6 +492,7 @@ func (e *Engine) finish(ctx context.Context, a *active, outcome journal.Outcome,
 	e.setState(fmt.Sprintf("event %s: finishing (%s)", a.name, cs), "event", a.name)
 	// Wait until the end state is delivered (the API may be down).
 	for ctx.Err() == nil {
+		e.alive()
 		pending, err := e.cfg.Journal.OutboxPending()
 		if err == nil && !hasUID(pending, a.uid) {
 			break
@@ -467,21 +507,35 @@ func (e *Engine) finish(ctx context.Context, a *active, outcome journal.Outcome,
 	if ctx.Err() != nil {
 		return // stopping: replayed from Finishing at the next start
 	}
+	// The finalizer must come off, however long the API server takes: an
+	// event moved to history with it would never be deleted.
 	// gofail: var engineBeforeFinalizerRemove struct{}
-	for _, f := range []func(context.Context) (bool, error){
-		func(c context.Context) (bool, error) {
+	for i := 1; ; i++ {
+		_, err := e.retryAPI(ctx, func(c context.Context) (bool, error) {
 			if ev := e.recalled(a.uid); ev != nil {
 				_, err := e.cfg.API.SetFinalizerOn(c, ev, false)
 				e.forget(a.uid)
 				return true, err
 			}
 			return true, e.cfg.API.SetFinalizer(c, a.name, a.uid, false)
-		},
+		})
+		if err == nil {
+			break
+		}
+		e.log.Warn("finishing: removing the finalizer failed; will retry", "event", a.name, "err", err)
+		e.setState(fmt.Sprintf("event %s: finishing (%s): removing the finalizer failed: %v", a.name, cs, err), "event", a.name)
+		e.alive()
+		if !e.sleep(ctx, backoff(i)) {
+			return
+		}
+	}
+	for _, f := range []func(context.Context) (bool, error){
 		func(c context.Context) (bool, error) {
-			if a.slot == "" {
+			slot := a.heldSlot()
+			if slot == "" {
 				return true, nil
 			}
-			return true, e.cfg.API.ReleaseSlot(c, a.slot, e.cfg.Identity)
+			return true, e.cfg.API.ReleaseSlot(c, slot, e.cfg.Identity)
 		},
 		func(c context.Context) (bool, error) { return true, e.cfg.API.ReleaseNodeLease(c, e.cfg.Identity) },
 	} {
@@ -519,7 +573,7 @@ func (e *Engine) waitSlot(ctx context.Context, a *active) error {
 	for {
 		slot, err := e.cfg.API.AcquireSlot(ctx, d.Group, int(d.MaxConcurrent), h, e.cfg.Clock.Now())
 		if err == nil {
-			a.slot = slot
+			a.setSlot(slot)
 			if err := e.snapshot(a, journal.EventRunning); err != nil {
 				return err
 			}
@@ -557,8 +611,9 @@ func (e *Engine) guardLoop(ctx context.Context, a *active) {
 			return
 		case <-e.cfg.Clock.After(time.Second):
 		}
+		e.alive()
 		if a.cancelled() != nil {
-			return
+			continue
 		}
 		e.mu.Lock()
 		w := e.watch
@@ -586,9 +641,20 @@ func (e *Engine) renewLoop(ctx context.Context, a *active) {
 		if err := e.cfg.API.AcquireNodeLease(ctx, h, now); err != nil {
 			e.log.Warn("renewing the node lease failed", "event", a.name, "err", err)
 		}
-		if a.slot != "" && a.ev.Spec.Disruption != nil {
-			if _, err := e.cfg.API.AcquireSlot(ctx, a.ev.Spec.Disruption.Group, int(a.ev.Spec.Disruption.MaxConcurrent), h, now); err != nil {
+		if slot := a.heldSlot(); slot != "" && a.ev.Spec.Disruption != nil {
+			got, err := e.cfg.API.AcquireSlot(ctx, a.ev.Spec.Disruption.Group, int(a.ev.Spec.Disruption.MaxConcurrent), h, now)
+			switch {
+			case errors.Is(err, apiclient.ErrNoSlot):
+				// Someone took our slot (an admin deleted or edited its
+				// Lease) and every slot is taken: the budget is no longer
+				// ours to spend. Stop at the next safe point.
+				e.log.Error("the disruption slot was lost; stopping the event at the next safe point", "event", a.name, "slot", slot)
+				a.cancel(fmt.Errorf("%w: %s of group %s is held by another event", errSlotLost, slot, a.ev.Spec.Disruption.Group))
+			case err != nil:
 				e.log.Warn("renewing the disruption slot failed", "event", a.name, "err", err)
+			case got != slot:
+				e.log.Warn("the disruption slot was lost, another one was free and is held now", "event", a.name, "lost", slot, "held", got)
+				a.setSlot(got)
 			}
 		}
 	}

@@ -283,6 +283,15 @@ func (r *Real) RunTransient(ctx context.Context, unit string, argv, env []string
 	return nil
 }
 
+// UnitActive reports whether unit is active (systemctl is-active).
+func (r *Real) UnitActive(ctx context.Context, unit string) (bool, error) {
+	active, err := r.runner.UnitActive(ctx, unit)
+	if err != nil {
+		return false, fmt.Errorf("hostops: %w", err)
+	}
+	return active, nil
+}
+
 // waitUnitGone waits while unit is active.
 func (r *Real) waitUnitGone(ctx context.Context, unit string, timeout time.Duration) error {
 	active, err := r.runner.UnitActive(ctx, unit)

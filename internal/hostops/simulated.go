@@ -238,6 +238,9 @@ func (s *Simulated) Inhibit(ctx context.Context, what, why string) (func(), erro
 }
 
 // StopUnits records the units.
+// UnitActive: a simulated transient unit ends with its RunTransient call.
+func (s *Simulated) UnitActive(ctx context.Context, unit string) (bool, error) { return false, nil }
+
 func (s *Simulated) StopUnits(ctx context.Context, units ...string) error {
 	s.record(Action{Verb: "stop-units", Args: units})
 	s.log.Info("simulated systemctl stop (nothing stopped)", "units", strings.Join(units, " "))

@@ -285,3 +285,57 @@ func TestCrashDuringAbortOfCancel(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// A drain is claimed and cordons; the agent is SIGKILLed and restarted with
+// the drain driver disabled. The event cannot go on, but it must not stay
+// Claimed with its finalizer: the restarted agent undoes the cordon it owns
+// and ends the event Failed, saying why; no pod is evicted.
+func TestDriverGoneOnReplay(t *testing.T) {
+	c, lc, cs, release := compoundCase(t, "compound-gone", true)
+	defer release()
+	ctx := context.Background()
+	a1 := c.start(t, "")
+	waitFor(t, "transition published", 60*time.Second, a1, func() bool {
+		_, err := lc.Transitions.Get(ctx, c.node+"-drain", metav1.GetOptions{})
+		return err == nil
+	})
+	createDrain(t, lc, c, c.event, "drain")
+	waitFor(t, "the drain to be blocked at evict", 60*time.Second, a1, func() bool {
+		ev, err := lc.Events.Get(ctx, c.event, metav1.GetOptions{})
+		return err == nil && ev.Status.CurrentStep == "evict"
+	})
+	a1.kill()
+	if err := os.WriteFile(c.config(), []byte(agentConfig+"drivers:\n  drain:\n    enabled: false\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	a2 := c.start(t, "")
+	var final *v1alpha1.LifecycleEvent
+	waitFor(t, "the event to end with its finalizer off", 60*time.Second, a2, func() bool {
+		ev, err := lc.Events.Get(ctx, c.event, metav1.GetOptions{})
+		if err == nil && ev.Status.ClaimStatus.Finished() && len(ev.Finalizers) == 0 {
+			final = ev
+			return true
+		}
+		return false
+	})
+	if final.Status.ClaimStatus != v1alpha1.LifecycleEventFailed || !strings.Contains(final.Status.Message, "is not enabled on this node any more") {
+		t.Errorf("event ended %s: %q; want Failed naming the missing driver", final.Status.ClaimStatus, final.Status.Message)
+	}
+	n, err := cs.CoreV1().Nodes().Get(ctx, c.node, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n.Spec.Unschedulable || n.Annotations[v1alpha1.AnnotationCordonedBy] != "" {
+		t.Errorf("node left cordoned (unschedulable=%v, %s=%q) by an event that was aborted", n.Spec.Unschedulable, v1alpha1.AnnotationCordonedBy, n.Annotations[v1alpha1.AnnotationCordonedBy])
+	}
+	evs, err := auditEvictions(c.node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for pod, k := range evs.accepted {
+		t.Errorf("pod %s evicted %d time(s)", pod, k)
+	}
+	if err := a2.stop(20 * time.Second); err != nil {
+		t.Error(err)
+	}
+}

@@ -5,11 +5,14 @@ import (
 	"context"
 	"encoding/json"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/lifecycle-agent/lifecycle-agent/api/v1alpha1"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/drivers"
@@ -145,5 +148,46 @@ func TestLostJournalAdoptsWithoutRepeating(t *testing.T) {
 		}
 	default:
 		t.Fatal("step two never ran")
+	}
+}
+
+// A cordon whose event ended without success and whose abort could not undo
+// it (the journal still owns it) is undone by the idle agent; the journal's
+// record goes with it.
+func TestLeftoverCordonUndone(t *testing.T) {
+	node := "leftover-node"
+	newNode(t, node)
+	dir := t.TempDir()
+	j, _, err := journal.Open(context.Background(), filepath.Join(dir, "journal.db"), journal.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	uid := "11111111-2222-3333-4444-555555555555"
+	if err := j.PutEvent(journal.EventRecord{UID: uid, Name: "gave-up-1", Driver: drivers.Prefix + "drain", State: journal.EventAborting, Object: []byte(`{}`)}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := j.AddOwned(journal.Change{Kind: journal.ChangeCordon, Node: node, EventUID: uid, Value: "gave-up-1"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := j.FinishEvent(uid, journal.OutcomeFailed, "step evict failed; abort: the API server did not answer"); err != nil {
+		t.Fatal(err)
+	}
+	if err := j.Close(); err != nil {
+		t.Fatal(err)
+	}
+	cs := kubernetes.NewForConfigOrDie(env.AdminConfig())
+	patch := []byte(`{"metadata":{"annotations":{"` + v1alpha1.AnnotationCordonedBy + `":"gave-up-1"}},"spec":{"unschedulable":true}}`)
+	if _, err := cs.CoreV1().Nodes().Patch(context.Background(), node, types.StrategicMergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	a := startAgent(t, node, agentOpts{dir: dir, retention: time.Hour})
+	waitFor(t, "the leftover cordon undone", 60*time.Second, func() bool {
+		n := getNode(t, node)
+		return !n.Spec.Unschedulable && n.Annotations[v1alpha1.AnnotationCordonedBy] == ""
+	})
+	a.stop(t)
+	doc := exportJournal(t, a.Journal)
+	if len(doc.Owned) != 0 {
+		t.Fatalf("the journal still owns %+v", doc.Owned)
 	}
 }
