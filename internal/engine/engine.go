@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -282,6 +283,23 @@ func (e *Engine) onEvent(name string) {
 	}
 }
 
+// behind reports whether the watch's copy of the running event is older
+// than what our own last write of it returned: the watch has not shown our
+// write, so it is lagging or dead (a half-open connection is found only
+// seconds later) and a deletion may be missing from it too.
+func (e *Engine) behind(cached *v1alpha1.LifecycleEvent) bool {
+	last := e.recalled(string(cached.UID))
+	if last == nil {
+		return false
+	}
+	c, err1 := strconv.ParseUint(cached.ResourceVersion, 10, 64)
+	l, err2 := strconv.ParseUint(last.ResourceVersion, 10, 64)
+	if err1 != nil || err2 != nil {
+		return cached.ResourceVersion != last.ResourceVersion
+	}
+	return c < l
+}
+
 // checkGone cancels a when the API says its event is being deleted, is
 // gone, or was replaced by another of the same name. The watch's cache
 // answers when it has synced and agrees; anything else (not synced yet, as
@@ -294,7 +312,8 @@ func (e *Engine) checkGone(ctx context.Context, a *active, mustRead bool) {
 	e.mu.Unlock()
 	if w != nil && w.Synced() && !mustRead {
 		ev, ok := w.Get(a.name)
-		if ok && ev.DeletionTimestamp == nil && string(ev.UID) == a.uid {
+		degraded := !e.cfg.API.Contact().Reachable || e.cfg.Clock.Since(w.LastError()) < watchDegraded
+		if ok && ev.DeletionTimestamp == nil && string(ev.UID) == a.uid && !e.behind(ev) && !degraded {
 			return
 		}
 	}
