@@ -2,12 +2,12 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
 	"time"
 
-	"github.com/lifecycle-agent/lifecycle-agent/api/v1alpha1"
 	daemon "github.com/lifecycle-agent/lifecycle-agent/internal/agent"
 
 	"github.com/spf13/cobra"
@@ -21,6 +21,10 @@ type requestOptions struct {
 	Params  map[string]string // from --param key=value
 	Wait    bool              // wait for the event to end
 	Timeout time.Duration     // with Wait: give up after this long; 0 = no limit
+	// AgentTimeout: with Wait, give up once the agent has not answered
+	// for this long.
+	AgentTimeout time.Duration
+	Output       string // outText, outName or outJSON
 }
 
 func newRequestCmd(e *env) *cobra.Command {
@@ -29,13 +33,21 @@ func newRequestCmd(e *env) *cobra.Command {
 		o      requestOptions
 	)
 	cmd := &cobra.Command{
-		Use:   "request <driver> [--param key=value]... [--wait [--timeout D]]",
+		Use:   "request <driver> [--param key=value]... [--wait [--timeout D]] [-o text|name|json]",
 		Short: "Request a transition on this node (for provisioning pipelines)",
 		Long: `Create a LifecycleEvent for one of this node's drivers, e.g.
 "lifecycle-agent request reboot --wait". Works offline: the request is kept in
-the journal and synced when the API server is reachable.`,
+the journal and synced when the API server is reachable.
+
+The first line printed is the event's name ("<name> created", or with
+-o name the bare name), so that a pipeline can keep it and follow the event
+later with "lifecycle-agent wait <name>", e.g. after the reboot it asked for.
+-o json prints one JSON object per line: the event at once, then with --wait
+one per change, the last with "result" and "exitCode".
+
+` + exitCodeHelp(),
 		Example: `  lifecycle-agent request drain --param gracePeriodSeconds=60 --wait --timeout 30m
-  lifecycle-agent request os-upgrade --param profile=debian-full-upgrade`,
+  ev=$(lifecycle-agent request reboot -o name) && lifecycle-agent wait "$ev" --timeout 30m`,
 		Args:        exactArgs(1, "driver name, e.g. 'lifecycle-agent request reboot'"),
 		Annotations: needsConfig,
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -44,16 +56,23 @@ the journal and synced when the API server is reachable.`,
 			if o.Params, err = parseParams(params); err != nil {
 				return err
 			}
-			if cmd.Flags().Changed("timeout") && !o.Wait {
-				return usageErrorf("--timeout needs --wait")
+			for _, f := range []string{"timeout", "agent-timeout"} {
+				if cmd.Flags().Changed(f) && !o.Wait {
+					return usageErrorf("--%s needs --wait", f)
+				}
+			}
+			if err := checkOutput(o.Output, outText, outName, outJSON); err != nil {
+				return err
 			}
 			return failed(runRequest(cmd.Context(), e, o))
 		},
 	}
 	// StringArray, not StringSlice: values may hold commas (gpus=0,1).
 	cmd.Flags().StringArrayVar(&params, "param", nil, "event parameter as key=value; repeat for more")
-	cmd.Flags().BoolVar(&o.Wait, "wait", false, "wait until the event ends; exit 1 unless it succeeded")
-	cmd.Flags().DurationVar(&o.Timeout, "timeout", 0, "with --wait: give up waiting after this long (0: no limit)")
+	cmd.Flags().BoolVar(&o.Wait, "wait", false, "wait until the event ends; the exit code says how (below)")
+	cmd.Flags().DurationVar(&o.Timeout, "timeout", 0, "with --wait: give up waiting after this long, exit 4 (0: no limit)")
+	cmd.Flags().DurationVar(&o.AgentTimeout, "agent-timeout", defaultAgentTimeout, "with --wait: give up, exit 6, once the agent has not answered for this long")
+	addOutputFlag(cmd, &o.Output, outText, outName, outJSON)
 	return cmd
 }
 
@@ -76,13 +95,6 @@ func parseParams(raw []string) (map[string]string, error) {
 	return out, nil
 }
 
-// Exit codes of `request --wait` (0 and 2 as everywhere).
-const (
-	exitRequestFailed     = 1
-	exitRequestSlaExpired = 3
-	exitRequestTimeout    = 4
-)
-
 // runRequest is `lifecycle-agent request`: the running agent validates the
 // driver and parameters, creates the event as this node (or queues it in
 // the journal while the API server is unreachable) and, with --wait, this
@@ -96,76 +108,24 @@ func runRequest(ctx context.Context, e *env, o requestOptions) error {
 	if err != nil {
 		return err
 	}
-	if res.Queued {
-		fmt.Fprintf(e.stdout, "%s queued: the API server is unreachable; the agent publishes it when it returns\n", res.Event)
-	} else {
-		fmt.Fprintf(e.stdout, "%s created\n", res.Event)
+	switch o.Output {
+	case outName:
+		fmt.Fprintln(e.stdout, res.Event)
+	case outJSON:
+		b, _ := json.Marshal(progress{Event: res.Event, Queued: res.Queued})
+		fmt.Fprintln(e.stdout, string(b))
+	default:
+		if res.Queued {
+			fmt.Fprintf(e.stdout, "%s queued: the API server is unreachable; the agent publishes it when it returns\n", res.Event)
+		} else {
+			fmt.Fprintf(e.stdout, "%s created\n", res.Event)
+		}
 	}
 	if !o.Wait {
 		return nil
 	}
-	if o.Timeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, o.Timeout)
-		defer cancel()
-	}
-	externalUpgrade := strings.HasSuffix(o.Driver, "os-upgrade") && o.Params["mode"] == "external"
-	last := ""
-	for {
-		v, err := daemon.EventViaSocket(ctx, e.cfg.SocketPath, res.Event)
-		var gone *daemon.ErrGone
-		if errors.As(err, &gone) {
-			return &exitError{code: exitRequestFailed, err: errors.New(gone.Msg)}
-		}
-		if err == nil {
-			st := v.Status
-			line := string(st.ClaimStatus) + " " + st.CurrentStep + " " + st.Message
-			if v.Queued {
-				line = "queued"
-			}
-			if line != last {
-				last = line
-				fmt.Fprintf(e.stdout, "%s %s: %s", time.Now().Format("15:04:05"), res.Event, orPending(string(st.ClaimStatus), v.Queued))
-				if st.CurrentStep != "" {
-					fmt.Fprintf(e.stdout, " (step %s)", st.CurrentStep)
-				}
-				if st.Message != "" {
-					fmt.Fprintf(e.stdout, ": %s", st.Message)
-				}
-				fmt.Fprintln(e.stdout)
-			}
-			switch st.ClaimStatus {
-			case v1alpha1.LifecycleEventSucceeded:
-				return nil
-			case v1alpha1.LifecycleEventFailed:
-				return &exitError{code: exitRequestFailed, err: fmt.Errorf("%s failed: %s", res.Event, st.Message)}
-			case v1alpha1.LifecycleEventSlaExpired:
-				return &exitError{code: exitRequestSlaExpired, err: fmt.Errorf("%s: sla expired: %s", res.Event, st.Message)}
-			}
-			// A pipeline's external OS upgrade: return once the node is
-			// drained and the agent waits for the pipeline's reboot.
-			if externalUpgrade && st.CurrentStep == "wait-reboot" {
-				fmt.Fprintf(e.stdout, "%s: node drained; upgrade and reboot it, the agent verifies and uncordons after boot\n", res.Event)
-				return nil
-			}
-		}
-		select {
-		case <-ctx.Done():
-			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-				return &exitError{code: exitRequestTimeout, err: fmt.Errorf("%s: still running after %s (it goes on)", res.Event, o.Timeout)}
-			}
-			return ctx.Err()
-		case <-time.After(500 * time.Millisecond):
-		}
-	}
-}
-
-func orPending(s string, queued bool) string {
-	switch {
-	case queued:
-		return "queued"
-	case s == "":
-		return "Pending"
-	}
-	return s
+	return follow(ctx, e, res.Event, followOptions{
+		Timeout: o.Timeout, AgentTimeout: o.AgentTimeout, Output: o.Output,
+		ExternalUpgrade: strings.HasSuffix(o.Driver, "os-upgrade") && o.Params["mode"] == "external",
+	})
 }

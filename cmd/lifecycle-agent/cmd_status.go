@@ -9,13 +9,14 @@ import (
 	"time"
 
 	daemon "github.com/lifecycle-agent/lifecycle-agent/internal/agent"
+	"github.com/lifecycle-agent/lifecycle-agent/internal/config"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/engine"
 
 	"github.com/spf13/cobra"
 )
 
 type statusOptions struct {
-	JSON bool // machine-readable output
+	Output string // outText or outJSON
 }
 
 func newStatusCmd(e *env) *cobra.Command {
@@ -24,14 +25,31 @@ func newStatusCmd(e *env) *cobra.Command {
 		Use:   "status",
 		Short: "Show what the running agent is doing",
 		Long: `Ask the running agent, over its control socket, for the event it holds, the
-current step, queued status writes and the enabled drivers.`,
+current step, whether it hears from the API server, host.mode (a node in
+simulate mode performs no reboot: shown first, loudly), queued local
+requests, pending status writes, the published drivers and the ones it does
+not publish (with why).
+
+state: is "starting" until the agent has published its transitions and
+watches its events (it resumes journaled events before that), then "idle",
+"event <name>: step <step>", "event <name>: finishing (...)", "event <name>:
+waiting for a disruption slot (...)" or "shutting down".
+
+` + exitCodeHelp(),
 		Args:        noArgs,
 		Annotations: needsConfig,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if json, _ := cmd.Flags().GetBool("json"); json {
+				o.Output = outJSON
+			}
+			if err := checkOutput(o.Output, outText, outJSON); err != nil {
+				return err
+			}
 			return failed(runStatus(cmd.Context(), e, o))
 		},
 	}
-	cmd.Flags().BoolVar(&o.JSON, "json", false, "print JSON instead of text")
+	addOutputFlag(cmd, &o.Output, outText, outJSON)
+	cmd.Flags().Bool("json", false, "same as -o json")
 	return cmd
 }
 
@@ -65,14 +83,28 @@ func runStatus(ctx context.Context, e *env, o statusOptions) error {
 	if err != nil {
 		return err
 	}
-	if o.JSON {
+	if o.Output == outJSON {
 		enc := json.NewEncoder(e.stdout)
 		enc.SetIndent("", "  ")
 		return enc.Encode(s)
 	}
 	w := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintf(w, "node:\t%s\nidentity:\t%s\nstate:\t%s\napi:\t%s\noutbox:\t%d pending status write(s)\ndrivers:\t%s\n",
-		s.Node, s.Identity, s.State, apiLine(s.API, time.Now()), s.Outbox, strings.Join(s.Drivers, ", "))
+	if s.HostMode == config.HostModeSimulate {
+		fmt.Fprintf(w, "mode:\tSIMULATE: reboots, shutdowns and host commands are journaled, NOT performed (host.mode: simulate)\n")
+	}
+	state := s.State
+	if state == "starting" && !s.API.Reachable {
+		state += " (publishes its transitions once the API server answers)"
+	}
+	fmt.Fprintf(w, "node:\t%s\nidentity:\t%s\nstate:\t%s\napi:\t%s\n", s.Node, s.Identity, state, apiLine(s.API, time.Now()))
+	if s.HostMode != config.HostModeSimulate {
+		fmt.Fprintf(w, "mode:\t%s\n", orDefault(s.HostMode, "unknown"))
+	}
+	fmt.Fprintf(w, "queued:\t%d local request(s) waiting for the API server\noutbox:\t%d pending status write(s)\ndrivers:\t%s\n",
+		s.Queued, s.Outbox, strings.Join(s.Drivers, ", "))
+	for _, u := range s.Unpublished {
+		fmt.Fprintf(w, "not published:\t%s: %s\n", u.Driver, u.Reason)
+	}
 	if ev := s.Event; ev != nil {
 		fmt.Fprintf(w, "event:\t%s (%s, %s)\n", ev.Name, ev.Driver, ev.ClaimStatus)
 		if ev.Deadline != "" {
@@ -91,4 +123,11 @@ func runStatus(ctx context.Context, e *env, o statusOptions) error {
 		fmt.Fprintf(w, "finished:\t%s %s %s %s\n", h.Finished, h.Name, h.Outcome, h.Message)
 	}
 	return w.Flush()
+}
+
+func orDefault(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
 }

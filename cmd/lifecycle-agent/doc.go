@@ -10,8 +10,9 @@
 // a *slog.Logger built from logLevel/logFormat.
 //
 //	lifecycle-agent run                         run the agent (systemd)
-//	lifecycle-agent status [--json]             ask the running agent
-//	lifecycle-agent request <driver> [--param k=v]... [--wait [--timeout D]]
+//	lifecycle-agent status [-o json]            ask the running agent (--json: alias)
+//	lifecycle-agent request <driver> [--param k=v]... [--wait [--timeout D]] [-o name|json]
+//	lifecycle-agent wait <event> [--timeout D] [-o json]   follow an event, after a reboot too
 //	lifecycle-agent doctor                      check the node
 //	lifecycle-agent journal verify|export|compact
 //	lifecycle-agent journal check-file PATH     hidden: in-process integrity check
@@ -38,17 +39,25 @@
 // # Errors and exit codes
 //
 // cobra's own printing is silenced; execute prints every error as ONE line on
-// stderr and maps it to an exit code:
+// stderr and maps it to an exit code. One table for every command
+// (exitcodes.go, printed in --help, the man page and docs/pipelines.md):
 //
-//	0  success (including --help and --version)
-//	1  the command ran and failed (runtime error, or "not implemented yet")
-//	   lifecycle-agent: <command>: <error>
-//	2  nothing was done: bad command line (unknown command or flag, wrong
-//	   argument count, --param without "=", bad flag value) or bad
-//	   configuration (unknown key, wrong type, bad value, unsafe file mode,
-//	   missing file given with --config)
-//	   lifecycle-agent: <command>: <error>; run 'lifecycle-agent <command> --help'
-//	   lifecycle-agent: config: <file>:<line>: <error>
+//	0  succeeded    success (including --help and --version); the event Succeeded
+//	1  failed       the command ran and failed; the event Failed
+//	2  usage        nothing was done: bad command line, bad configuration, a
+//	                driver or parameter the agent refuses
+//	3  sla-expired  the event's SLA expired
+//	4  timeout      --timeout passed while the event still ran
+//	5  cancelled    the event was deleted before it ended
+//	6  unavailable  the agent (or the API server) did not answer: retry later
+//
+//	lifecycle-agent: <command>: <error>
+//	lifecycle-agent: <command>: <error>; run 'lifecycle-agent <command> --help'
+//	lifecycle-agent: config: <file>:<line>: <error>
+//
+// explain (errors.go) rewrites errors whose raw text leaks internals
+// (repeated package prefixes, "dial unix" transcripts) into what failed,
+// why and what to do.
 //
 // Configuration errors exit 2 as usage errors do: systemd's
 // RestartPreventExitStatus=2 can then stop a restart loop on a bad config.

@@ -92,6 +92,10 @@ func TestSmoke(t *testing.T) {
 	}
 	manDir := filepath.Join(t.TempDir(), "man8")
 	runDir := t.TempDir()
+	garbage := filepath.Join(runDir, "garbage.db")
+	if err := os.WriteFile(garbage, bytes.Repeat([]byte("not a journal "), 5000), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	versionLine := regexp.QuoteMeta("lifecycle-agent "+smokeVersion+" (commit "+smokeCommit+", ") + `go[0-9.]+.*\)` + "\n$"
 
 	tests := []struct {
@@ -203,16 +207,22 @@ func TestSmoke(t *testing.T) {
 			stderr: "lifecycle-agent: run: apiclient: kubeconfig " + runDir + "/missing: stat " + runDir + "/missing: no such file or directory",
 		},
 		{
-			name: "status without an agent", args: []string{"status", "--json", "--socket", runDir + "/none.sock"}, code: 1,
-			stderr: `lifecycle-agent: status: cannot reach the agent at ` + runDir + `/none.sock: Get "http://agent/status": dial unix ` + runDir + `/none.sock: connect: no such file or directory (is it running? the socket is root-only)`,
-		},
-		{
-			name: "request without an agent", args: []string{"request", "gpu-reset", "--param", "gpus=0,1", "--wait", "--timeout", "1m", "--socket", runDir + "/none.sock"}, code: 1,
-			stderr: `lifecycle-agent: request: cannot reach the agent at ` + runDir + `/none.sock: Post "http://agent/request": dial unix ` + runDir + `/none.sock: connect: no such file or directory (is it running? the socket is root-only)`,
-		},
-		{
 			name: "journal verify of a missing file", args: []string{"journal", "verify", "--journal", runDir + "/absent.db"}, code: 1,
-			stderr: "lifecycle-agent: journal verify: journal: verify: stat " + runDir + "/absent.db: no such file or directory",
+			stderr: "lifecycle-agent: journal verify: no journal at " + runDir + "/absent.db (the agent creates it at its first start; is --journal right?)",
+		},
+		{
+			name: "journal verify of garbage", args: []string{"journal", "verify", "--journal", garbage}, code: 1,
+			stderr: "lifecycle-agent: journal verify: the journal is corrupt: " + garbage + ": invalid database; the agent moves it aside (journal.db.corrupt-<time>) and starts afresh at its next start, see docs/troubleshooting.md",
+		},
+
+		// The agent does not answer: exit 6, retry later.
+		{
+			name: "status without an agent", args: []string{"status", "--json", "--socket", runDir + "/none.sock"}, code: 6,
+			stderr: `lifecycle-agent: status: the agent is not running: no control socket at ` + runDir + `/none.sock; start it: systemctl start lifecycle-agent`,
+		},
+		{
+			name: "request without an agent", args: []string{"request", "gpu-reset", "--param", "gpus=0,1", "--wait", "--timeout", "1m", "--socket", runDir + "/none.sock"}, code: 6,
+			stderr: `lifecycle-agent: request: the agent is not running: no control socket at ` + runDir + `/none.sock; start it: systemctl start lifecycle-agent`,
 		},
 
 		// Hidden helpers for packaging.
@@ -253,7 +263,7 @@ func TestSmoke(t *testing.T) {
 // TestHelp: every command, hidden ones included, has --help, exit 0.
 func TestHelp(t *testing.T) {
 	for _, args := range [][]string{
-		{}, {"run"}, {"status"}, {"request"}, {"doctor"}, {"journal"}, {"journal", "verify"},
+		{}, {"run"}, {"status"}, {"request"}, {"wait"}, {"doctor"}, {"journal"}, {"journal", "verify"},
 		{"journal", "export"}, {"journal", "compact"}, {"journal", "check-file"},
 		{"manifests"}, {"version"}, {"gen-man"}, {"completion"},
 	} {

@@ -10,14 +10,8 @@ import (
 
 	"github.com/spf13/cobra"
 
+	daemon "github.com/lifecycle-agent/lifecycle-agent/internal/agent"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/config"
-)
-
-// Exit codes; see doc.go.
-const (
-	exitOK      = 0
-	exitFailure = 1 // the command ran and failed
-	exitUsage   = 2 // bad command line or bad configuration: nothing was done
 )
 
 // annNeedsConfig marks commands that load the configuration before they run.
@@ -50,14 +44,20 @@ func usageErrorf(format string, args ...any) error {
 	return &exitError{code: exitUsage, err: fmt.Errorf(format, args...), hint: true}
 }
 
-// failed marks an error from a command function: exit 1. Errors that
-// already carry an exit code keep it.
+// failed marks an error from a command function: exit 1, or 6 when the
+// agent did not answer. Errors that already carry an exit code keep it.
 func failed(err error) error {
-	var ee *exitError
-	if err == nil || errors.As(err, &ee) {
+	var (
+		ee *exitError
+		un *daemon.ErrUnavailable
+	)
+	switch {
+	case err == nil || errors.As(err, &ee):
 		return err
+	case errors.As(err, &un) && !un.Permission:
+		return &exitError{code: exitUnavailable, err: err}
 	}
-	return &exitError{code: exitFailure, err: err}
+	return &exitError{code: exitFailure, err: explain(err)}
 }
 
 // execute runs the command line and returns the exit code. Every error is
@@ -105,7 +105,8 @@ writing each step to a local journal before acting, so that a crash, a reboot
 or an OS upgrade in the middle resumes safely.
 
 Configuration: flags > ` + "`LIFECYCLE_AGENT_*`" + ` environment > ` + config.DefaultPath + ` > defaults.
-Exit codes: 0 success, 1 the command failed, 2 bad command line or configuration.`,
+
+` + exitCodeHelp(),
 		Version:           versionString(),
 		SilenceUsage:      true,
 		SilenceErrors:     true,
@@ -143,6 +144,7 @@ Exit codes: 0 success, 1 the command failed, 2 bad command line or configuration
 		newRunCmd(e),
 		newStatusCmd(e),
 		newRequestCmd(e),
+		newWaitCmd(e),
 		newDoctorCmd(e),
 		newJournalCmd(e),
 		newManifestsCmd(e),

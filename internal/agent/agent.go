@@ -1,18 +1,11 @@
 package agent
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
 	"log/slog"
-	"net"
-	"net/http"
-	"net/url"
 	"os"
 	"path/filepath"
 	"time"
@@ -22,7 +15,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"k8s.io/utils/clock"
 
-	"github.com/lifecycle-agent/lifecycle-agent/api/v1alpha1"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/apiclient"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/config"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/drivers"
@@ -95,6 +87,22 @@ func Run(ctx context.Context, o Options) error {
 	}
 	metrics := engine.NewMetrics(reg)
 
+	// A second agent must not take the socket of the one that runs: say
+	// which process holds it before anything else is opened.
+	if !o.NoServers {
+		if err := checkSocketFree(cfg.SocketPath); err != nil {
+			return err
+		}
+	}
+	simulated := 0.0
+	if cfg.Host.Mode == config.HostModeSimulate {
+		simulated = 1
+		log.Warn("host.mode is simulate: reboots, shutdowns and host commands are logged and journaled, NEVER performed")
+	}
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "lifecycle_agent_host_simulated",
+		Help: "1 when host.mode is simulate: host actions (reboot, commands) are journaled but not performed."},
+		func() float64 { return simulated }))
+
 	// The kubeconfig is read (not used) first: a bad path fails before
 	// anything is created.
 	rc := o.RestConfig
@@ -142,11 +150,19 @@ func Run(ctx context.Context, o Options) error {
 			return err
 		}
 	}
+	api, err := apiclient.New(rc, cfg.NodeName, cfg.APITimeout)
+	if err != nil {
+		return err
+	}
 	var gpu *gpuStack
 	if !o.NoGPU {
-		gpu = newGPUStack(cfg, log, clk)
+		gpu = newGPUStack(cfg, api, log, clk)
 	}
 	drv := append(builtinDrivers(cfg, log, clk, gpu != nil), o.ExtraDrivers...)
+	var unpublished []UnpublishedDriver
+	if o.Host == nil && cfg.Host.Mode == config.HostModeReal {
+		drv, unpublished = withoutLogindDrivers(ctx, drv, logind, log)
+	}
 	if gpu != nil {
 		defer gpu.mgr.Shutdown()
 		if cfg.DriverEnabled(gpu.driver.Short(), true, false) {
@@ -154,10 +170,6 @@ func Run(ctx context.Context, o Options) error {
 		}
 	}
 
-	api, err := apiclient.New(rc, cfg.NodeName, cfg.APITimeout)
-	if err != nil {
-		return err
-	}
 	registerContactMetrics(reg, api)
 	identity := Identity(cfg.NodeName, cfg.JournalPath)
 	eng, err := engine.New(engine.Config{
@@ -179,7 +191,8 @@ func Run(ctx context.Context, o Options) error {
 	log.Info("journal replayed", "journal", cfg.JournalPath, "unfinished", len(unfinished), "identity", identity, "hostMode", cfg.Host.Mode)
 
 	if !o.NoServers {
-		stop, err := serve(ctx, cfg, reg, eng, log)
+		cs := &controlState{eng: eng, journal: j, hostMode: cfg.Host.Mode, unpublished: unpublished, log: log}
+		stop, err := serve(ctx, cfg, promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), cs, log)
 		if err != nil {
 			return err
 		}
@@ -221,193 +234,34 @@ func registerContactMetrics(reg prometheus.Registerer, api *apiclient.Client) {
 		}))
 }
 
-// serve starts the metrics/healthz listener and the control socket.
-func serve(ctx context.Context, cfg *config.Config, reg *prometheus.Registry, eng *engine.Engine, log *slog.Logger) (func(), error) {
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
-		if err := eng.Healthy(); err != nil {
-			http.Error(w, err.Error(), http.StatusServiceUnavailable)
-			return
+// logindDrivers need logind in real mode: they reboot through it.
+var logindDrivers = map[string]bool{"reboot": true, "os-upgrade": true}
+
+// withoutLogindDrivers drops the drivers that reboot through logind when
+// logind does not answer, so that no transition is published that this
+// node cannot perform; the reason shows in status and doctor.
+func withoutLogindDrivers(ctx context.Context, drv []drivers.Driver, logind *host.Logind, log *slog.Logger) ([]drivers.Driver, []UnpublishedDriver) {
+	var why string
+	if logind == nil {
+		why = "host.mode is real and logind is not used"
+	} else {
+		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		_, err := logind.InhibitDelayMax(pctx)
+		cancel()
+		if err == nil {
+			return drv, nil
 		}
-		_, _ = w.Write([]byte("ok\n"))
-	})
-	ml, err := net.Listen("tcp", cfg.MetricsAddress)
-	if err != nil {
-		return nil, fmt.Errorf("agent: metrics listener on %s: %w", cfg.MetricsAddress, err)
+		why = "host.mode is real and systemd-logind does not answer on D-Bus (" + err.Error() + "); start it, then restart the agent"
 	}
-	msrv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	go func() { _ = msrv.Serve(ml) }()
-
-	if err := os.MkdirAll(filepath.Dir(cfg.SocketPath), 0o700); err != nil {
-		_ = msrv.Close()
-		return nil, fmt.Errorf("agent: control socket directory: %w", err)
-	}
-	_ = os.Remove(cfg.SocketPath)
-	sl, err := net.Listen("unix", cfg.SocketPath)
-	if err != nil {
-		_ = msrv.Close()
-		return nil, fmt.Errorf("agent: control socket %s: %w", cfg.SocketPath, err)
-	}
-	if err := os.Chmod(cfg.SocketPath, 0o600); err != nil {
-		_ = msrv.Close()
-		_ = sl.Close()
-		return nil, err
-	}
-	smux := http.NewServeMux()
-	smux.HandleFunc("/status", func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		_ = json.NewEncoder(w).Encode(eng.Snapshot())
-	})
-	smux.HandleFunc("/request", func(w http.ResponseWriter, r *http.Request) {
-		if r.Method != http.MethodPost {
-			http.Error(w, "POST only", http.StatusMethodNotAllowed)
-			return
+	var keep []drivers.Driver
+	var out []UnpublishedDriver
+	for _, d := range drv {
+		if logindDrivers[d.Short()] {
+			out = append(out, UnpublishedDriver{Driver: d.Name(), Reason: why})
+			log.Warn("driver not published: it needs logind", "driver", d.Name(), "reason", why)
+			continue
 		}
-		var req RequestBody
-		if err := json.NewDecoder(io.LimitReader(r.Body, 1<<20)).Decode(&req); err != nil {
-			writeErr(w, http.StatusBadRequest, "bad request body: "+err.Error())
-			return
-		}
-		res, err := eng.Request(r.Context(), req.Driver, req.Params)
-		if err != nil {
-			code := http.StatusInternalServerError
-			if errors.Is(err, engine.ErrUnknownDriver) || errors.Is(err, drivers.ErrBadParameter) {
-				code = http.StatusBadRequest
-			}
-			writeErr(w, code, err.Error())
-			return
-		}
-		w.Header().Set("Content-Type", "application/json")
-		_ = json.NewEncoder(w).Encode(res)
-	})
-	smux.HandleFunc("/event", func(w http.ResponseWriter, r *http.Request) {
-		name := r.URL.Query().Get("name")
-		out := EventView{Name: name, Queued: eng.Queued(name)}
-		if !out.Queued {
-			ev, err := eng.Event(r.Context(), name)
-			if apiclient.IsNotFound(err) {
-				writeErr(w, http.StatusNotFound, fmt.Sprintf("event %s is gone: cancelled, or deleted after it ended (eventRetention)", name))
-				return
-			}
-			if err != nil {
-				writeErr(w, http.StatusBadGateway, err.Error())
-				return
-			}
-			out.Status = ev.Status
-		}
-		w.Header().Set("Content-Type", "application/json")
-		_ = json.NewEncoder(w).Encode(out)
-	})
-	ssrv := &http.Server{Handler: smux, ReadHeaderTimeout: 5 * time.Second}
-	go func() { _ = ssrv.Serve(sl) }()
-	log.Info("serving", "metrics", ml.Addr().String(), "socket", cfg.SocketPath)
-	return func() {
-		c, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		_ = msrv.Shutdown(c)
-		_ = ssrv.Shutdown(c)
-		_ = os.Remove(cfg.SocketPath)
-	}, nil
-}
-
-// StatusFromSocket asks a running agent for its snapshot.
-func StatusFromSocket(ctx context.Context, socket string) (engine.Snapshot, error) {
-	var s engine.Snapshot
-	c := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-		var d net.Dialer
-		return d.DialContext(ctx, "unix", socket)
-	}}, Timeout: 5 * time.Second}
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://agent/status", nil)
-	resp, err := c.Do(req)
-	if err != nil {
-		if errors.Is(err, os.ErrNotExist) || errors.Is(err, os.ErrPermission) {
-			return s, fmt.Errorf("cannot reach the agent at %s: %w (is it running? the socket is root-only)", socket, err)
-		}
-		return s, fmt.Errorf("cannot reach the agent at %s: %w", socket, err)
+		keep = append(keep, d)
 	}
-	defer resp.Body.Close()
-	return s, json.NewDecoder(resp.Body).Decode(&s)
-}
-
-// RequestBody is POST /request on the control socket.
-type RequestBody struct {
-	Driver string            `json:"driver"`
-	Params map[string]string `json:"params,omitempty"`
-}
-
-// EventView is GET /event?name= on the control socket.
-type EventView struct {
-	Name   string                        `json:"name"`
-	Queued bool                          `json:"queued"`
-	Status v1alpha1.LifecycleEventStatus `json:"status"`
-}
-
-type errorBody struct {
-	Error string `json:"error"`
-}
-
-func writeErr(w http.ResponseWriter, code int, msg string) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(code)
-	_ = json.NewEncoder(w).Encode(errorBody{Error: msg})
-}
-
-// socketClient talks HTTP over the control socket.
-func socketClient(socket string) *http.Client {
-	return &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-		var d net.Dialer
-		return d.DialContext(ctx, "unix", socket)
-	}}, Timeout: 30 * time.Second}
-}
-
-// ErrGone says the event no longer exists.
-type ErrGone struct{ Msg string }
-
-func (e *ErrGone) Error() string { return e.Msg }
-
-// ErrRefused is an error the agent returned for a bad request.
-type ErrRefused struct{ Msg string }
-
-func (e *ErrRefused) Error() string { return e.Msg }
-
-// RequestViaSocket asks the running agent to create (or queue) an event.
-func RequestViaSocket(ctx context.Context, socket string, body RequestBody) (engine.RequestResult, error) {
-	var res engine.RequestResult
-	b, _ := json.Marshal(body)
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://agent/request", bytes.NewReader(b))
-	resp, err := socketClient(socket).Do(req)
-	if err != nil {
-		return res, fmt.Errorf("cannot reach the agent at %s: %w (is it running? the socket is root-only)", socket, err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		var eb errorBody
-		_ = json.NewDecoder(resp.Body).Decode(&eb)
-		if resp.StatusCode == http.StatusBadRequest {
-			return res, &ErrRefused{Msg: eb.Error}
-		}
-		return res, fmt.Errorf("agent: %s", eb.Error)
-	}
-	return res, json.NewDecoder(resp.Body).Decode(&res)
-}
-
-// EventViaSocket reads an event's status through the agent.
-func EventViaSocket(ctx context.Context, socket, name string) (EventView, error) {
-	var v EventView
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://agent/event?name="+url.QueryEscape(name), nil)
-	resp, err := socketClient(socket).Do(req)
-	if err != nil {
-		return v, fmt.Errorf("cannot reach the agent at %s: %w", socket, err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		var eb errorBody
-		_ = json.NewDecoder(resp.Body).Decode(&eb)
-		if resp.StatusCode == http.StatusNotFound {
-			return v, &ErrGone{Msg: eb.Error}
-		}
-		return v, fmt.Errorf("agent: %s", eb.Error)
-	}
-	return v, json.NewDecoder(resp.Body).Decode(&v)
+	return keep, out
 }

@@ -25,7 +25,7 @@ type gpuStack struct {
 	monitor *gpuhealth.Monitor
 }
 
-func newGPUStack(cfg *config.Config, log *slog.Logger, clk clock.Clock) *gpuStack {
+func newGPUStack(cfg *config.Config, api *apiclient.Client, log *slog.Logger, clk clock.Clock) *gpuStack {
 	mgr, err := devices.New(devices.Config{Logger: log, Clock: clk})
 	if err == nil {
 		err = mgr.Init()
@@ -41,6 +41,9 @@ func newGPUStack(cfg *config.Config, log *slog.Logger, clk clock.Clock) *gpuStac
 	method, _ := devices.ParseResetMethod(cfg.GPU.ResetMethod)
 	g := &gpuStack{mgr: mgr}
 	g.driver = drivers.GPUReset{Devices: mgr, Method: method, Services: cfg.GPU.Services, RetryDelay: cfg.Drain.EvictRetryDelay, Log: log,
+		// The GPU Operator's DaemonSet pods on this node (gpu.operator.*).
+		Operator: api, OperatorComponents: cfg.GPU.Operator.Components, OperatorLabelPrefix: cfg.GPU.Operator.LabelPrefix,
+		OperatorPausedValue: cfg.GPU.Operator.PausedValue, OperatorPodTimeout: cfg.GPU.Operator.PodTimeout,
 		AfterReset: func([]string) {
 			if g.monitor != nil {
 				g.monitor.Rewatch()

@@ -132,6 +132,15 @@ type GPU struct {
 	ResetMethod   string // ResetMethodAuto, ResetMethodNvidiaSMI or ResetMethodNVML
 	AutoRemediate bool
 	Services      []string // systemd units stopped around a reset
+	Operator      GPUOperator
+}
+
+// GPUOperator is the gpu.operator.* section.
+type GPUOperator struct {
+	Components  []string
+	LabelPrefix string
+	PausedValue string
+	PodTimeout  time.Duration
 }
 
 // OSUpgrade is the osUpgrade.* section. It comes from the file only.

@@ -158,8 +158,10 @@ var keys = []*key{
 	{
 		name: "gpu.resetMethod", kind: kindString, def: ResetMethodAuto,
 		enum: []string{ResetMethodAuto, ResetMethodNvidiaSMI, ResetMethodNVML},
-		doc: "How gpu-reset resets a GPU: nvidia-smi runs nvidia-smi --gpu-reset; nvml uses NVML's " +
-			"drain-state, remove and rediscover calls; auto lets the driver pick per GPU.",
+		doc: "How gpu-reset resets a GPU: nvidia-smi runs nvidia-smi --gpu-reset; nvml detaches each GPU " +
+			"from the PCI bus (NVML drain-state and remove) and rescans the bus to bring it back, and is " +
+			"used only when named here; auto is nvidia-smi, and an event fails at claim when nvidia-smi " +
+			"is not found (never a silent fallback to nvml).",
 		field: func(c *Config) any { return &c.GPU.ResetMethod },
 	},
 	{
@@ -174,6 +176,33 @@ var keys = []*key{
 		doc: "systemd units that hold GPUs open: stopped before a reset and started again after it. " +
 			"In the environment: a comma-separated list.",
 		field: func(c *Config) any { return &c.GPU.Services },
+	},
+	{
+		name: "gpu.operator.components", kind: kindStrings,
+		def:   "device-plugin,gpu-feature-discovery,dcgm-exporter,dcgm,operator-validator,mig-manager",
+		check: checkComponents,
+		doc: "NVIDIA GPU Operator components cleared from the node for a GPU reset: gpu-reset sets each " +
+			"one's deploy label (gpu.operator.labelPrefix + component) to gpu.operator.pausedValue, waits " +
+			"until its pods are gone, and restores the label exactly after the reset (also on failure). " +
+			"Only labels present on the Node are touched. Empty: the GPU Operator is left alone.",
+		field: func(c *Config) any { return &c.GPU.Operator.Components },
+	},
+	{
+		name: "gpu.operator.labelPrefix", kind: kindString, def: "nvidia.com/gpu.deploy.", check: nonEmpty,
+		doc:   "Prefix of the GPU Operator's per-component deploy labels on the Node.",
+		field: func(c *Config) any { return &c.GPU.Operator.LabelPrefix },
+	},
+	{
+		name: "gpu.operator.pausedValue", kind: kindString, def: "false", check: nonEmpty,
+		doc: "Value a deploy label is set to while its component is paused. The GPU Operator removes a " +
+			"component's pod from a node whose label is not \"true\" (its upgrade controller uses " +
+			"paused-for-driver-upgrade).",
+		field: func(c *Config) any { return &c.GPU.Operator.PausedValue },
+	},
+	{
+		name: "gpu.operator.podTimeout", kind: kindDuration, def: "5m", check: positive,
+		doc:   "How long gpu-reset waits for the paused components' pods to leave the node before the step fails.",
+		field: func(c *Config) any { return &c.GPU.Operator.PodTimeout },
 	},
 	{
 		name: "osUpgrade.profiles", kind: kindProfiles, defDoc: "none",
@@ -428,6 +457,20 @@ func checkUnits(v any) error {
 	for _, u := range v.([]string) {
 		if !unitRE.MatchString(u) {
 			return fmt.Errorf("invalid systemd unit name %q: want e.g. nvidia-dcgm.service", u)
+		}
+	}
+	return nil
+}
+
+var componentRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9.-]*[a-z0-9])?$`)
+
+func checkComponents(v any) error {
+	for _, c := range v.([]string) {
+		if c == "driver" || c == "container-toolkit" {
+			return fmt.Errorf("component %q cannot be paused for a GPU reset (it installs the driver or the runtime)", c)
+		}
+		if !componentRE.MatchString(c) {
+			return fmt.Errorf("invalid component %q: want e.g. device-plugin", c)
 		}
 	}
 	return nil

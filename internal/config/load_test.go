@@ -29,6 +29,12 @@ func defaults() *Config {
 		GPU: GPU{
 			ResetMethod: "auto",
 			Services:    []string{"nvidia-dcgm.service", "nvidia-persistenced.service"},
+			Operator: GPUOperator{
+				Components:  []string{"device-plugin", "gpu-feature-discovery", "dcgm-exporter", "dcgm", "operator-validator", "mig-manager"},
+				LabelPrefix: "nvidia.com/gpu.deploy.",
+				PausedValue: "false",
+				PodTimeout:  5 * time.Minute,
+			},
 		},
 	}
 }

@@ -98,9 +98,8 @@ type ResetterConfig struct {
 	SMITimeout time.Duration // 0 means DefaultSMITimeout
 	// LookPath finds nvidia-smi for auto; nil means exec.LookPath.
 	LookPath func(file string) (string, error)
-	// SMIPath is the nvidia-smi binary; "" means "nvidia-smi" on PATH (the
-	// agent passes <gpu.driverRoot>/usr/bin/nvidia-smi when a driver root
-	// is configured).
+	// SMIPath is the nvidia-smi binary; "" means "nvidia-smi" on PATH
+	// (what the agent uses).
 	SMIPath string
 	// BeforeRemove (NVML route) is called with each GPU's UUID right before
 	// its removal from the bus; an error stops the reset before that GPU.
@@ -148,7 +147,7 @@ func (m *Manager) NewResetter(cfg ResetterConfig) (Resetter, error) {
 		// detaches the GPU from the bus and is chosen only by name.
 		p, err := lookPath(smiPath(cfg.SMIPath))
 		if err != nil {
-			return nil, fmt.Errorf("%w: %s not found (%w); install it, set gpu.driverRoot, or choose gpu.resetMethod=nvml (PCI remove and rediscover) explicitly",
+			return nil, fmt.Errorf("%w: %s not found (%w); install it, or choose gpu.resetMethod=nvml (PCI remove and rediscover) explicitly",
 				ErrNoResetRoute, smiPath(cfg.SMIPath), err)
 		}
 		r = &SMIResetter{Path: p, Run: runner, Log: m.log}

@@ -183,8 +183,7 @@ type GPUReset struct {
 	// took effect (the agent restarts its XID watcher: registrations die
 	// with the handles).
 	AfterReset func(uuids []string)
-	// SMIPath is nvidia-smi ("" means on PATH); the agent sets
-	// <gpu.driverRoot>/usr/bin/nvidia-smi when a driver root is configured.
+	// SMIPath is nvidia-smi ("" means on PATH, which the agent uses).
 	SMIPath string
 	// Session pauses the agent's own NVML session and GPU monitor around
 	// the reset; nil means the agent holds no GPU (tests, tools).

@@ -136,7 +136,7 @@ func (d GPUReset) route() (string, error) {
 		}
 		p, err := look(d.smiPath())
 		if err != nil {
-			return "", fmt.Errorf("gpu-reset: %w: %s not found (%w); install it, set gpu.driverRoot, or set gpu.resetMethod=nvml to reset by PCI remove and rediscover",
+			return "", fmt.Errorf("gpu-reset: %w: %s not found (%w); install it, or set gpu.resetMethod=nvml to reset by PCI remove and rediscover",
 				devices.ErrNoResetRoute, d.smiPath(), err)
 		}
 		return routeSMIPrefix + p, nil
