@@ -226,15 +226,7 @@ func (l *eventLog) check() []string {
 func runSchedule(t *testing.T, s schedule, pdb bool) {
 	ctx := context.Background()
 	admin := env.AdminConfig()
-	spareOnce.Do(func() {
-		spareErr = testenv.CreateNode(ctx, admin, spareNode, map[string]string{"crash": "spare"})
-		if spareErr == nil || apierrors.IsAlreadyExists(spareErr) {
-			_, spareErr = testenv.RunKubeletStandIn(context.Background(), admin, spareNode)
-		}
-	})
-	if spareErr != nil {
-		t.Fatalf("spare node: %v", spareErr)
-	}
+	ensureSpare(t)
 	node := fmt.Sprintf("chaos-%02d-%s", s.i, s.driver)
 	c := &crashCase{node: node, event: "chaos-" + node, dir: t.TempDir(), sockDir: shortDir(t)}
 	if err := testenv.CreateNode(ctx, admin, node, map[string]string{"crash": "true"}); err != nil {

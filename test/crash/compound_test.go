@@ -29,15 +29,13 @@ var (
 	spareErr  error
 )
 
-// compoundCase prepares one node with PDB-protected pods for a compound
-// fault and returns it with admin clients. hold makes the PDB refuse every
-// eviction until release is called.
-func compoundCase(t *testing.T, node string, hold bool) (c *crashCase, lc *apiclient.LifecycleClients, cs kubernetes.Interface, release func()) {
+// ensureSpare registers the spare node (where replacement pods go) and its
+// kubelet stand-in once per test process.
+func ensureSpare(t *testing.T) {
 	t.Helper()
-	ctx := context.Background()
-	admin := env.AdminConfig()
 	spareOnce.Do(func() {
-		spareErr = testenv.CreateNode(ctx, admin, spareNode, map[string]string{"crash": "spare"})
+		admin := env.AdminConfig()
+		spareErr = testenv.CreateNode(context.Background(), admin, spareNode, map[string]string{"crash": "spare"})
 		if spareErr == nil || apierrors.IsAlreadyExists(spareErr) {
 			_, spareErr = testenv.RunKubeletStandIn(context.Background(), admin, spareNode)
 		}
@@ -45,6 +43,64 @@ func compoundCase(t *testing.T, node string, hold bool) (c *crashCase, lc *apicl
 	if spareErr != nil {
 		t.Fatalf("spare node: %v", spareErr)
 	}
+}
+
+// claimNextThenStop checks the agent is not deaf — a new (uncordon) event
+// for c's node is claimed within claimBound — and stops it cleanly.
+func claimNextThenStop(t *testing.T, c *crashCase, lc *apiclient.LifecycleClients, a *agentProc) {
+	t.Helper()
+	createDrain(t, lc, c, "uncordon-"+c.node, "uncordon")
+	created := time.Now()
+	waitFor(t, "the next event to be claimed", claimBound, a, func() bool {
+		ev, err := lc.Events.Get(context.Background(), "uncordon-"+c.node, metav1.GetOptions{})
+		return err == nil && ev.Status.ClaimStatus != "" && ev.Status.ClaimStatus != v1alpha1.LifecycleEventPending
+	})
+	t.Logf("next event claimed %s after creation", time.Since(created).Round(time.Millisecond))
+	if err := a.stop(20 * time.Second); err != nil {
+		t.Error(err)
+	}
+}
+
+// blockedDrain starts the agent (with failpoints, when not empty), creates
+// c's drain and waits until the PodDisruptionBudget holds it at evict.
+func blockedDrain(t *testing.T, c *crashCase, lc *apiclient.LifecycleClients, failpoints string) *agentProc {
+	t.Helper()
+	ctx := context.Background()
+	a := c.start(t, failpoints)
+	waitFor(t, "transition published", 60*time.Second, a, func() bool {
+		_, err := lc.Transitions.Get(ctx, c.node+"-drain", metav1.GetOptions{})
+		return err == nil
+	})
+	createDrain(t, lc, c, c.event, "drain")
+	waitFor(t, "the drain to be blocked at evict", 60*time.Second, a, func() bool {
+		ev, err := lc.Events.Get(ctx, c.event, metav1.GetOptions{})
+		return err == nil && ev.Status.CurrentStep == "evict"
+	})
+	return a
+}
+
+// waitUncordoned waits until c's node is schedulable, carries no
+// cordoned-by annotation and reports no transition in progress.
+func waitUncordoned(t *testing.T, c *crashCase, cs kubernetes.Interface, a *agentProc) {
+	t.Helper()
+	waitFor(t, "the node uncordoned and the transition ended", 60*time.Second, a, func() bool {
+		n, err := cs.CoreV1().Nodes().Get(context.Background(), c.node, metav1.GetOptions{})
+		if err != nil || n.Spec.Unschedulable || n.Annotations[v1alpha1.AnnotationCordonedBy] != "" {
+			return false
+		}
+		cond := nodeCondition(n, v1alpha1.NodeConditionLifecycleTransition)
+		return cond != nil && cond.Status == corev1.ConditionFalse
+	})
+}
+
+// compoundCase prepares one node with PDB-protected pods for a compound
+// fault and returns it with admin clients. hold makes the PDB refuse every
+// eviction until release is called.
+func compoundCase(t *testing.T, node string, hold bool) (c *crashCase, lc *apiclient.LifecycleClients, cs kubernetes.Interface, release func()) {
+	t.Helper()
+	ctx := context.Background()
+	admin := env.AdminConfig()
+	ensureSpare(t)
 	c = &crashCase{node: node, event: "drain-" + node, dir: t.TempDir(), sockDir: shortDir(t)}
 	if err := c.setUp(ctx); err != nil {
 		t.Fatal(err)
@@ -125,16 +181,7 @@ func createDrain(t *testing.T, lc *apiclient.LifecycleClients, c *crashCase, nam
 func TestDeletedWhileDown(t *testing.T) {
 	c, lc, cs, release := compoundCase(t, "compound-deleted", true)
 	ctx := context.Background()
-	a1 := c.start(t, "")
-	waitFor(t, "transition published", 60*time.Second, a1, func() bool {
-		_, err := lc.Transitions.Get(ctx, c.node+"-drain", metav1.GetOptions{})
-		return err == nil
-	})
-	createDrain(t, lc, c, c.event, "drain")
-	waitFor(t, "the drain to be blocked at evict", 60*time.Second, a1, func() bool {
-		ev, err := lc.Events.Get(ctx, c.event, metav1.GetOptions{})
-		return err == nil && ev.Status.CurrentStep == "evict"
-	})
+	a1 := blockedDrain(t, c, lc, "")
 	a1.kill()
 	if err := lc.Events.Delete(ctx, c.event, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
@@ -148,14 +195,7 @@ func TestDeletedWhileDown(t *testing.T) {
 		_, err := lc.Events.Get(ctx, c.event, metav1.GetOptions{})
 		return apierrors.IsNotFound(err)
 	})
-	waitFor(t, "the node uncordoned and the transition ended", 60*time.Second, a2, func() bool {
-		n, err := cs.CoreV1().Nodes().Get(ctx, c.node, metav1.GetOptions{})
-		if err != nil || n.Spec.Unschedulable || n.Annotations[v1alpha1.AnnotationCordonedBy] != "" {
-			return false
-		}
-		cond := nodeCondition(n, v1alpha1.NodeConditionLifecycleTransition)
-		return cond != nil && cond.Status == corev1.ConditionFalse
-	})
+	waitUncordoned(t, c, cs, a2)
 	pods, err := cs.CoreV1().Pods(c.node).List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + c.node})
 	if err != nil {
 		t.Fatal(err)
@@ -171,17 +211,7 @@ func TestDeletedWhileDown(t *testing.T) {
 		t.Errorf("pod %s evicted %d time(s) after the cancel (%s after the kill)", pod, n, time.Since(killedAt).Round(time.Millisecond))
 	}
 
-	// Not deaf: a new event is claimed at once.
-	createDrain(t, lc, c, "uncordon-"+c.node, "uncordon")
-	created := time.Now()
-	waitFor(t, "the next event to be claimed", claimBound, a2, func() bool {
-		ev, err := lc.Events.Get(ctx, "uncordon-"+c.node, metav1.GetOptions{})
-		return err == nil && ev.Status.ClaimStatus != "" && ev.Status.ClaimStatus != v1alpha1.LifecycleEventPending
-	})
-	t.Logf("next event claimed %s after creation", time.Since(created).Round(time.Millisecond))
-	if err := a2.stop(20 * time.Second); err != nil {
-		t.Error(err)
-	}
+	claimNextThenStop(t, c, lc, a2)
 }
 
 // The second report of the deaf agent: a drain claimed by an agent that was
@@ -190,16 +220,7 @@ func TestDeletedWhileDown(t *testing.T) {
 func TestRestartFinishDeleteThenClaim(t *testing.T) {
 	c, lc, _, release := compoundCase(t, "compound-deaf", true)
 	ctx := context.Background()
-	a1 := c.start(t, "")
-	waitFor(t, "transition published", 60*time.Second, a1, func() bool {
-		_, err := lc.Transitions.Get(ctx, c.node+"-drain", metav1.GetOptions{})
-		return err == nil
-	})
-	createDrain(t, lc, c, c.event, "drain")
-	waitFor(t, "the drain to be blocked at evict", 60*time.Second, a1, func() bool {
-		ev, err := lc.Events.Get(ctx, c.event, metav1.GetOptions{})
-		return err == nil && ev.Status.CurrentStep == "evict"
-	})
+	a1 := blockedDrain(t, c, lc, "")
 	a1.kill()
 	a2 := c.start(t, "")
 	release()
@@ -214,16 +235,7 @@ func TestRestartFinishDeleteThenClaim(t *testing.T) {
 		_, err := lc.Events.Get(ctx, c.event, metav1.GetOptions{})
 		return apierrors.IsNotFound(err)
 	})
-	createDrain(t, lc, c, "uncordon-"+c.node, "uncordon")
-	created := time.Now()
-	waitFor(t, "the next event to be claimed", claimBound, a2, func() bool {
-		ev, err := lc.Events.Get(ctx, "uncordon-"+c.node, metav1.GetOptions{})
-		return err == nil && ev.Status.ClaimStatus != "" && ev.Status.ClaimStatus != v1alpha1.LifecycleEventPending
-	})
-	t.Logf("next event claimed %s after creation", time.Since(created).Round(time.Millisecond))
-	if err := a2.stop(20 * time.Second); err != nil {
-		t.Error(err)
-	}
+	claimNextThenStop(t, c, lc, a2)
 }
 
 // A drain blocked by a PodDisruptionBudget is cancelled (deleted) while the
@@ -234,16 +246,7 @@ func TestRestartFinishDeleteThenClaim(t *testing.T) {
 func TestCrashDuringAbortOfCancel(t *testing.T) {
 	c, lc, cs, release := compoundCase(t, "compound-abort", true)
 	ctx := context.Background()
-	a1 := c.start(t, `engineDuringAbort=1*panic("crash at engineDuringAbort")`)
-	waitFor(t, "transition published", 60*time.Second, a1, func() bool {
-		_, err := lc.Transitions.Get(ctx, c.node+"-drain", metav1.GetOptions{})
-		return err == nil
-	})
-	createDrain(t, lc, c, c.event, "drain")
-	waitFor(t, "the drain to be blocked at evict", 60*time.Second, a1, func() bool {
-		ev, err := lc.Events.Get(ctx, c.event, metav1.GetOptions{})
-		return err == nil && ev.Status.CurrentStep == "evict"
-	})
+	a1 := blockedDrain(t, c, lc, `engineDuringAbort=1*panic("crash at engineDuringAbort")`)
 	if err := lc.Events.Delete(ctx, c.event, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -261,14 +264,7 @@ func TestCrashDuringAbortOfCancel(t *testing.T) {
 		_, err := lc.Events.Get(ctx, c.event, metav1.GetOptions{})
 		return apierrors.IsNotFound(err)
 	})
-	waitFor(t, "the node uncordoned and the transition ended", 60*time.Second, a2, func() bool {
-		n, err := cs.CoreV1().Nodes().Get(ctx, c.node, metav1.GetOptions{})
-		if err != nil || n.Spec.Unschedulable || n.Annotations[v1alpha1.AnnotationCordonedBy] != "" {
-			return false
-		}
-		cond := nodeCondition(n, v1alpha1.NodeConditionLifecycleTransition)
-		return cond != nil && cond.Status == corev1.ConditionFalse
-	})
+	waitUncordoned(t, c, cs, a2)
 	// Give a resumed drain (the bug) time to evict now that it may.
 	time.Sleep(2 * time.Second)
 	evs, err := auditEvictions(c.node)
@@ -294,16 +290,7 @@ func TestDriverGoneOnReplay(t *testing.T) {
 	c, lc, cs, release := compoundCase(t, "compound-gone", true)
 	defer release()
 	ctx := context.Background()
-	a1 := c.start(t, "")
-	waitFor(t, "transition published", 60*time.Second, a1, func() bool {
-		_, err := lc.Transitions.Get(ctx, c.node+"-drain", metav1.GetOptions{})
-		return err == nil
-	})
-	createDrain(t, lc, c, c.event, "drain")
-	waitFor(t, "the drain to be blocked at evict", 60*time.Second, a1, func() bool {
-		ev, err := lc.Events.Get(ctx, c.event, metav1.GetOptions{})
-		return err == nil && ev.Status.CurrentStep == "evict"
-	})
+	a1 := blockedDrain(t, c, lc, "")
 	a1.kill()
 	if err := os.WriteFile(c.config(), []byte(agentConfig+"drivers:\n  drain:\n    enabled: false\n"), 0o600); err != nil {
 		t.Fatal(err)
