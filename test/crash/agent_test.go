@@ -223,15 +223,17 @@ type auditEvent struct {
 	ResponseStatus *struct {
 		Code int `json:"code"`
 	} `json:"responseStatus"`
+	StageTimestamp time.Time `json:"stageTimestamp"`
 }
 
 // evictions counts the eviction requests (pods/eviction create) for pods of
 // namespace ns in the audit log, by pod and response code, and by user.
 type evictions struct {
-	accepted map[string]int // pod -> requests answered 201
-	refused  int            // answered 429 (PodDisruptionBudget)
-	other    []string       // any other answer: "pod code"; a request cut by a kill ends 504
-	users    map[string]int
+	accepted   map[string]int // pod -> requests answered 201
+	acceptedAt []time.Time    // when each 201 was answered (the audit stage timestamp)
+	refused    int            // answered 429 (PodDisruptionBudget)
+	other      []string       // any other answer: "pod code"; a request cut by a kill ends 504
+	users      map[string]int
 }
 
 func auditEvictions(ns string) (evictions, error) {
@@ -264,6 +266,7 @@ func auditEvictions(ns string) (evictions, error) {
 		switch code {
 		case http.StatusCreated:
 			ev.accepted[r.Name]++
+			ev.acceptedAt = append(ev.acceptedAt, a.StageTimestamp)
 		case http.StatusTooManyRequests:
 			ev.refused++
 		default:

@@ -383,6 +383,11 @@ func runSchedule(t *testing.T, s schedule, pdb bool) {
 	// ... and none after a cancel the agent saw (the watch tells it within
 	// milliseconds; 2 s allow for a step that was already acting).
 	if !cancelledAlive.IsZero() {
+		for _, at := range evs.acceptedAt {
+			if at.After(cancelledAlive.Add(2 * time.Second)) {
+				t.Errorf("an eviction accepted at %s, %s after the cancel", at.Format(time.RFC3339Nano), at.Sub(cancelledAlive).Round(time.Millisecond))
+			}
+		}
 		for _, at := range rebootTimes(c.logs) {
 			if at.After(cancelledAlive.Add(2 * time.Second)) {
 				t.Errorf("a reboot at %s, %s after the cancel", at.Format(time.RFC3339Nano), at.Sub(cancelledAlive).Round(time.Millisecond))
