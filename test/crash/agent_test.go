@@ -51,10 +51,14 @@ func (c *crashCase) start(t *testing.T, failpoints string) *agentProc {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(agentFP.Path, "run", "--host-mode", "simulate", "--node-name", c.node,
+	mode := c.hostMode
+	if mode == "" {
+		mode = "simulate"
+	}
+	cmd := exec.Command(agentFP.Path, "run", "--host-mode", mode, "--node-name", c.node,
 		"--kubeconfig", c.kubeconfig, "--journal", c.journal(), "--socket", c.socket(),
 		"--metrics-address", fmt.Sprintf("127.0.0.1:%d", port), "--config", c.config())
-	cmd.Env = agentEnv(failpoints)
+	cmd.Env = append(agentEnv(failpoints), c.extraEnv...)
 	cmd.Stdout, cmd.Stderr = lf, lf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {

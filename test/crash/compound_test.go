@@ -3,7 +3,9 @@ package crash
 import (
 	"context"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -323,6 +325,39 @@ func TestDriverGoneOnReplay(t *testing.T) {
 		t.Errorf("pod %s evicted %d time(s)", pod, k)
 	}
 	if err := a2.stop(20 * time.Second); err != nil {
+		t.Error(err)
+	}
+}
+
+// In real host mode on a host where systemd-logind does not answer, the
+// drivers that reboot through it (reboot, os-upgrade) are not published —
+// no event for them could ever be performed — and `status` says which and
+// why; the others are published as usual.
+func TestRealModeWithoutLogind(t *testing.T) {
+	c, lc, _, _ := compoundCase(t, "compound-nologind", false)
+	c.hostMode = "real"
+	c.extraEnv = []string{"DBUS_SYSTEM_BUS_ADDRESS=unix:path=" + filepath.Join(c.sockDir, "no-system-bus")}
+	ctx := context.Background()
+	a := c.start(t, "")
+	waitFor(t, "the drain transition published", 60*time.Second, a, func() bool {
+		_, err := lc.Transitions.Get(ctx, c.node+"-drain", metav1.GetOptions{})
+		return err == nil
+	})
+	for _, short := range []string{"reboot", "os-upgrade"} {
+		if _, err := lc.Transitions.Get(ctx, c.node+"-"+short, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+			t.Errorf("transition %s-%s: %v; want it not published without logind", c.node, short, err)
+		}
+	}
+	out, err := exec.Command(agentFP.Path, "status", "--socket", c.socket(), "--config", c.config()).CombinedOutput()
+	if err != nil {
+		t.Fatalf("status: %v\n%s", err, out)
+	}
+	for _, want := range []string{`(?m)^mode:\s+real$`, `(?m)^not published:\s+lifecycle-agent\.x-k8s\.io/reboot: host\.mode is real and systemd-logind does not answer on D-Bus`} {
+		if !regexp.MustCompile(want).Match(out) {
+			t.Errorf("status does not say %s:\n%s", want, out)
+		}
+	}
+	if err := a.stop(20 * time.Second); err != nil {
 		t.Error(err)
 	}
 }

@@ -46,8 +46,10 @@ const (
 // crashCase is one drain on its own node, namespace, journal and event.
 type crashCase struct {
 	node, event string
-	dir         string // journal, config, agent logs
-	sockDir     string // short: a unix socket path is at most 107 bytes
+	hostMode    string   // "" means simulate
+	extraEnv    []string // added to the agent's environment
+	dir         string   // journal, config, agent logs
+	sockDir     string   // short: a unix socket path is at most 107 bytes
 	kubeconfig  string
 	kubelet     *testenv.KubeletStandIn
 	runs        int
