@@ -244,7 +244,7 @@ func (e *Engine) Run(ctx context.Context) error {
 		// created meanwhile is claimed within a second of the server's
 		// return, whatever the watch's back-off.
 		next := e.cfg.Resync
-		if !e.cfg.API.Contact().Reachable || e.cfg.Clock.Since(w.LastError()) < watchDegraded {
+		if e.untrusted(w) {
 			next, relist = time.Second, true
 		}
 		select {
@@ -278,9 +278,21 @@ func (e *Engine) onEvent(name string) {
 		return
 	}
 	ev, ok := w.Get(name)
-	if !ok || ev.DeletionTimestamp != nil || (a.uid != "" && string(ev.UID) != a.uid) {
+	if !ok || !sameLive(ev, a) {
 		a.cancel(errCancelled)
 	}
+}
+
+// untrusted reports whether the watch's cache may be missing changes: the
+// server does not answer, or the watch failed within watchDegraded.
+func (e *Engine) untrusted(w *apiclient.EventWatch) bool {
+	return !e.cfg.API.Contact().Reachable || e.cfg.Clock.Since(w.LastError()) < watchDegraded
+}
+
+// sameLive reports whether ev is a's event (same UID, when a has one) and
+// not being deleted.
+func sameLive(ev *v1alpha1.LifecycleEvent, a *active) bool {
+	return ev.DeletionTimestamp == nil && (a.uid == "" || string(ev.UID) == a.uid)
 }
 
 // behind reports whether the watch's copy of the running event is older
@@ -312,8 +324,7 @@ func (e *Engine) checkGone(ctx context.Context, a *active, mustRead bool) {
 	e.mu.Unlock()
 	if w != nil && w.Synced() && !mustRead {
 		ev, ok := w.Get(a.name)
-		degraded := !e.cfg.API.Contact().Reachable || e.cfg.Clock.Since(w.LastError()) < watchDegraded
-		if ok && ev.DeletionTimestamp == nil && string(ev.UID) == a.uid && !e.behind(ev) && !degraded {
+		if ok && sameLive(ev, a) && !e.behind(ev) && !e.untrusted(w) {
 			return
 		}
 	}
@@ -324,7 +335,7 @@ func (e *Engine) checkGone(ctx context.Context, a *active, mustRead bool) {
 	case apiclient.IsNotFound(err):
 	case err != nil:
 		return
-	case ev.DeletionTimestamp == nil && string(ev.UID) == a.uid:
+	case sameLive(ev, a):
 		a.mu.Lock()
 		a.confirmed = true
 		a.mu.Unlock()
