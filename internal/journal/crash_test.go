@@ -46,13 +46,19 @@ func crashChild(path string) int {
 	return 0
 }
 
+// envRequireFailpoints makes TestCrashBoundaries fail when the failpoints
+// are not compiled in.
+const envRequireFailpoints = "LIFECYCLE_AGENT_REQUIRE_FAILPOINTS"
+
 // journalState counts what a restarted agent finds.
 type journalState struct{ events, owned, steps, outbox, history int }
 
 // TestCrashBoundaries kills a process at each failpoint and asserts what the
 // next open finds: a "before" point loses exactly that write, an "after"
-// point keeps it. It needs failpoints compiled in (`gofail enable` in this
-// directory) and skips otherwise.
+// point keeps it. It needs failpoints compiled in: test/crash's
+// TestJournalCrashBoundaries (in make test) builds this package's tests
+// with them and runs it, with envRequireFailpoints set so that it fails
+// rather than skips. A plain go test of this package skips it, saying so.
 func TestCrashBoundaries(t *testing.T) {
 	tests := []struct {
 		failpoint string
@@ -75,7 +81,10 @@ func TestCrashBoundaries(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.failpoint, func(t *testing.T) {
 			if !slices.Contains(compiled, tt.failpoint) {
-				t.Skip("failpoints are not compiled in; run `gofail enable` in internal/journal")
+				if os.Getenv(envRequireFailpoints) == "1" {
+					t.Fatalf("%s=1 but failpoint %s is not compiled in", envRequireFailpoints, tt.failpoint)
+				}
+				t.Skip("SKIP: failpoints are not compiled in this build; test/crash TestJournalCrashBoundaries runs this test with them (make test)")
 			}
 			path := journalPath(t)
 			exe, err := os.Executable()

@@ -11,6 +11,7 @@ import (
 	"io/fs"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -26,22 +27,27 @@ const (
 	buildTags     = "kustomize_disable_go_plugin_support"
 	// recipe changes whenever the way the binary is built changes, so that
 	// a cached binary from an older recipe is not reused.
-	recipe = "failpoint-bin/2"
+	recipe = "failpoint-bin/3"
 )
 
 // failpointDirs are the packages whose failpoints the crash test drives.
 var failpointDirs = []string{"internal/engine", "internal/journal"}
+
+// journalDir's own tests are copied too: its TestCrashBoundaries needs a
+// test binary with the failpoints compiled in (TestJournalCrashBoundaries).
+const journalDir = "internal/journal"
 
 // failpointComment is gofail's declaration comment.
 var failpointComment = regexp.MustCompile(`(?m)^\s*// gofail: var ([A-Za-z_][A-Za-z0-9_]*) `)
 
 // fpBinary is the agent built with failpoints.
 type fpBinary struct {
-	Path       string
-	Hash       string
-	Failpoints []string // every engine* and journal* failpoint, sorted
-	Cached     bool
-	Took       time.Duration
+	Path        string
+	JournalTest string // internal/journal's test binary, failpoints compiled in
+	Hash        string
+	Failpoints  []string // every engine* and journal* failpoint, sorted
+	Cached      bool
+	Took        time.Duration
 }
 
 type srcFile struct {
@@ -95,6 +101,7 @@ func buildFailpointBinary(ctx context.Context, root string, log io.Writer) (*fpB
 		return nil, err
 	}
 	b.Path = filepath.Join(binRoot, hash, "lifecycle-agent")
+	b.JournalTest = filepath.Join(binRoot, hash, "journal.test")
 
 	// One builder at a time (parallel test runs share the source copy).
 	lock, err := os.OpenFile(filepath.Join(binRoot, ".lock"), os.O_CREATE|os.O_RDWR, 0o644)
@@ -107,7 +114,7 @@ func buildFailpointBinary(ctx context.Context, root string, log io.Writer) (*fpB
 	}
 	defer syscall.Flock(int(lock.Fd()), syscall.LOCK_UN) //nolint:errcheck
 
-	if st, err := os.Stat(b.Path); err == nil && st.Mode().IsRegular() {
+	if st, err := os.Stat(b.JournalTest); err == nil && st.Mode().IsRegular() {
 		b.Cached, b.Took = true, time.Since(t0)
 		fmt.Fprintf(log, "crash: failpoint binary cached: %s\n", b.Path)
 		return b, nil
@@ -149,6 +156,7 @@ func buildFailpointBinary(ctx context.Context, root string, log io.Writer) (*fpB
 		{"go", "mod", "edit", "-require=" + gofailModule + "@" + gofailVersion},
 		{"go", "mod", "download", gofailModule},
 		{"go", "build", "-mod=mod", "-tags", buildTags, "-o", b.Path + ".tmp", "./cmd/lifecycle-agent"},
+		{"go", "test", "-c", "-mod=mod", "-tags", buildTags, "-o", b.JournalTest + ".tmp", "./" + journalDir},
 	}
 	if err := os.MkdirAll(filepath.Dir(b.Path), 0o755); err != nil {
 		return nil, err
@@ -158,7 +166,11 @@ func buildFailpointBinary(ctx context.Context, root string, log io.Writer) (*fpB
 			return nil, err
 		}
 	}
+	// The journal test binary last: its presence says both are complete.
 	if err := os.Rename(b.Path+".tmp", b.Path); err != nil {
+		return nil, err
+	}
+	if err := os.Rename(b.JournalTest+".tmp", b.JournalTest); err != nil {
 		return nil, err
 	}
 	prune(binRoot, hash, 3)
@@ -168,8 +180,8 @@ func buildFailpointBinary(ctx context.Context, root string, log io.Writer) (*fpB
 }
 
 // sourceFiles lists the module's files as git sees them (tracked and
-// untracked, ignored ones left out), without tests: what the agent binary
-// is built from.
+// untracked, ignored ones left out), without tests but journalDir's: what
+// the agent binary and the journal's crash test are built from.
 func sourceFiles(root string) ([]srcFile, error) {
 	var names []string
 	out, err := exec.Command("git", "-C", root, "ls-files", "-z", "-c", "-o", "--exclude-standard").Output()
@@ -205,7 +217,8 @@ func sourceFiles(root string) ([]srcFile, error) {
 	names = slices.Compact(names)
 	var files []srcFile
 	for _, n := range names {
-		if strings.HasSuffix(n, "_test.go") || strings.HasPrefix(n, "test/") || slices.Contains(strings.Split(n, "/"), "testdata") {
+		ownTest := strings.HasSuffix(n, "_test.go") && path.Dir(n) == journalDir
+		if (strings.HasSuffix(n, "_test.go") && !ownTest) || strings.HasPrefix(n, "test/") || slices.Contains(strings.Split(n, "/"), "testdata") {
 			continue
 		}
 		p := filepath.Join(root, filepath.FromSlash(n))
