@@ -316,6 +316,14 @@ func RunCheck(args []string, stdout, stderr io.Writer) int {
 	return ExitCheckFailed
 }
 
+// checkEnv is the check subprocess's environment: the agent's, without
+// gofail's settings (GOFAIL_*), which only a failpoint build reads: a
+// failpoint armed for the agent is not the check's, and the agent's gofail
+// HTTP port is taken.
+func checkEnv(env []string) []string {
+	return slices.DeleteFunc(slices.Clone(env), func(kv string) bool { return strings.HasPrefix(kv, "GOFAIL_") })
+}
+
 // CommandChecker returns a Checker that runs argv + ["--lock-timeout=D",
 // path] as a subprocess (argv's command must call RunCheck) and maps its exit
 // code to an error. A crash of the subprocess after it started checking
@@ -333,6 +341,7 @@ func CommandChecker(argv []string, lockTimeout, timeout time.Duration) Checker {
 		defer cancel()
 		args := append(slices.Clone(argv[1:]), lockTimeoutFlagPrefix+lockTimeout.String(), path)
 		cmd := exec.CommandContext(ctx, argv[0], args...)
+		cmd.Env = checkEnv(os.Environ())
 		var stdout, stderr limitedBuffer
 		cmd.Stdout, cmd.Stderr = &stdout, &stderr
 		cmd.WaitDelay = checkWaitDelay

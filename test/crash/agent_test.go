@@ -22,10 +22,12 @@ import (
 
 // agentProc is one run of the real agent binary.
 type agentProc struct {
-	cmd  *exec.Cmd
-	log  string
-	done chan struct{}
-	err  error // cmd.Wait's, valid once done is closed
+	cmd     *exec.Cmd
+	log     string
+	metrics string // host:port of /metrics
+	gofail  string // host:port of gofail's HTTP endpoint, when crashCase.gofailHTTP
+	done    chan struct{}
+	err     error // cmd.Wait's, valid once done is closed
 }
 
 // agentConfig is the config file every agent of the crash test reads:
@@ -51,14 +53,23 @@ func (c *crashCase) start(t *testing.T, failpoints string) *agentProc {
 	if err != nil {
 		t.Fatal(err)
 	}
+	a.metrics = fmt.Sprintf("127.0.0.1:%d", port)
 	mode := c.hostMode
 	if mode == "" {
 		mode = "simulate"
 	}
 	cmd := exec.Command(agentFP.Path, "run", "--host-mode", mode, "--node-name", c.node,
 		"--kubeconfig", c.kubeconfig, "--journal", c.journal(), "--socket", c.socket(),
-		"--metrics-address", fmt.Sprintf("127.0.0.1:%d", port), "--config", c.config())
+		"--metrics-address", a.metrics, "--config", c.config())
 	cmd.Env = append(agentEnv(failpoints), c.extraEnv...)
+	if c.gofailHTTP {
+		fp, err := freePort()
+		if err != nil {
+			t.Fatal(err)
+		}
+		a.gofail = fmt.Sprintf("127.0.0.1:%d", fp)
+		cmd.Env = append(cmd.Env, "GOFAIL_HTTP="+a.gofail)
+	}
 	cmd.Stdout, cmd.Stderr = lf, lf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {

@@ -3,13 +3,17 @@ package crash
 import (
 	"context"
 	"fmt"
+	"io"
 	"math/rand/v2"
+	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -18,23 +22,36 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 
 	"github.com/lifecycle-agent/lifecycle-agent/api/v1alpha1"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/apiclient"
+	"github.com/lifecycle-agent/lifecycle-agent/internal/journal"
 	"github.com/lifecycle-agent/lifecycle-agent/test/testenv"
 )
 
 // The randomized fault schedule (docs/reliability.md#fault-schedules): the
 // real agent binary (simulate host mode) on the real control plane, behind
 // a TCP proxy the test cuts, with a kubelet stand-in and pods. Each
-// schedule picks a driver and a random sequence of faults at random
+// schedule picks a driver (drain, uncordon, reboot, os-upgrade with a
+// profile, an exec driver) and a random sequence of faults at random
 // moments after the event's creation — SIGKILL (restarted after a random
-// time, sometimes with the event deleted while the agent is down), an API
-// outage (connections reset, or left half-open) of random length
-// (sometimes with the event deleted during it), a cancel while the agent
-// runs — and then checks the invariants. CHAOS_SEED=n replays a batch,
-// CHAOS_SCHEDULES=n sets its size, CHAOS_PDB=1 puts the pods behind a
-// PodDisruptionBudget (make chaos does both).
+// time, sometimes with the event deleted while the agent is down), a panic
+// at a random failpoint armed in the running agent (gofail's HTTP
+// endpoint), an API outage (connections reset, or left half-open) of
+// random length (sometimes with the event deleted during it), a cancel
+// while the agent runs, a second agent process started on the same node
+// name with another journal — and, on some schedules, an sla that expires
+// (an admin's transition with a short sla, the drain held by a budget) or
+// a competing event for the same disruption group on another node, with
+// its own agent. Then it checks the invariants. CHAOS_SEED=n replays a
+// batch, CHAOS_SCHEDULES=n sets its size, CHAOS_PDB=1 puts the pods behind
+// a PodDisruptionBudget (make chaos does both).
+//
+// Not in the schedules: gpu-reset (the agent binary has no NVML mock; its
+// crash and abort paths are tested in-process on go-nvml's mock, in
+// internal/drivers and test/e2e) and shutdown (a logind signal, tested
+// with the test logind in test/e2e and for real in test/vm).
 
 type faultKind string
 
@@ -43,19 +60,55 @@ const (
 	faultOutage  faultKind = "outage"   // connections reset and refused for dur
 	faultHalf    faultKind = "halfopen" // connections left half-open for dur
 	faultCancel  faultKind = "cancel"   // the event deleted while the agent runs
+	faultPanic   faultKind = "panic"    // a failpoint armed to panic for dur, then restarted
+	faultTwin    faultKind = "twin"     // a second agent, same node name, other journal, for dur
 	settleBound            = 200 * time.Second
-	chaosDrivers           = "drain,uncordon,reboot"
+	chaosDrivers           = "drain,uncordon,reboot,os-upgrade,chaos-flash"
+)
+
+// panicsFired counts the armed failpoints that were reached.
+var panicsFired atomic.Int64
+
+// chaosConfig adds an os-upgrade profile and an exec driver to the agents'
+// config; under host.mode=simulate their commands are logged, not run.
+const chaosConfig = agentConfig + `osUpgrade:
+  profiles:
+    chaos:
+      command: [/bin/echo, chaos-upgrade]
+      timeout: 1m
+      rebootPolicy: always
+exec:
+  drivers:
+    - name: chaos-flash
+      start: FlashStarted
+      end: FlashComplete
+      steps:
+        - name: flash
+          command: [/bin/echo, chaos-flash-1]
+        - name: verify
+          command: [/bin/echo, chaos-flash-2]
+`
+
+// Log lines of the simulated host's actions (internal/hostops).
+const (
+	logReboot    = "simulated reboot (nothing rebooted)"
+	logTransient = "simulated transient unit (nothing run)"
+	logCommand   = "simulated command (nothing run)"
 )
 
 type fault struct {
-	kind   faultKind
-	at     time.Duration // after the event's creation
-	dur    time.Duration
-	cancel bool // kill, outage, halfopen: delete the event meanwhile
+	kind      faultKind
+	at        time.Duration // after the event's creation
+	dur       time.Duration
+	cancel    bool   // kill, outage, halfopen, panic: delete the event meanwhile
+	failpoint string // panic: where
 }
 
 func (f fault) String() string {
 	s := fmt.Sprintf("%s@%dms", f.kind, f.at.Milliseconds())
+	if f.failpoint != "" {
+		s = fmt.Sprintf("%s:%s@%dms", f.kind, f.failpoint, f.at.Milliseconds())
+	}
 	if f.dur > 0 {
 		s += fmt.Sprintf("+%dms", f.dur.Milliseconds())
 	}
@@ -69,6 +122,8 @@ type schedule struct {
 	i      int
 	driver string
 	faults []fault
+	sla    time.Duration // drain: an admin's transition with this sla, the drain held by a budget
+	peer   bool          // a competing event in the same disruption group (maxConcurrent 1) on another node
 }
 
 func (s schedule) String() string {
@@ -76,14 +131,28 @@ func (s schedule) String() string {
 	for _, x := range s.faults {
 		f = append(f, x.String())
 	}
-	return fmt.Sprintf("%02d-%s[%s]", s.i, s.driver, strings.Join(f, ","))
+	extra := ""
+	if s.sla > 0 {
+		extra += fmt.Sprintf("+sla%ds", int(s.sla.Seconds()))
+	}
+	if s.peer {
+		extra += "+peer"
+	}
+	return fmt.Sprintf("%02d-%s%s[%s]", s.i, s.driver, extra, strings.Join(f, ","))
 }
 
-func newSchedule(rng *rand.Rand, i int) schedule {
+// disruptive drivers have steps that take a disruption slot.
+func disruptive(driver string) bool { return driver != "uncordon" }
+
+func newSchedule(rng *rand.Rand, i int, failpoints []string) schedule {
 	drv := strings.Split(chaosDrivers, ",")
 	s := schedule{i: i, driver: drv[rng.IntN(len(drv))]}
+	if s.driver == "drain" && rng.IntN(4) == 0 {
+		s.sla = time.Duration(3+rng.IntN(6)) * time.Second
+	}
+	s.peer = disruptive(s.driver) && s.sla == 0 && rng.IntN(3) == 0
 	n := 1 + rng.IntN(3)
-	kinds := []faultKind{faultKill, faultOutage, faultHalf, faultCancel}
+	kinds := []faultKind{faultKill, faultOutage, faultHalf, faultCancel, faultPanic, faultTwin}
 	at := time.Duration(0)
 	for range n {
 		k := kinds[rng.IntN(len(kinds))]
@@ -91,7 +160,10 @@ func newSchedule(rng *rand.Rand, i int) schedule {
 		f := fault{kind: k, at: at}
 		if k != faultCancel {
 			f.dur = 300*time.Millisecond + time.Duration(rng.Int64N(int64(3*time.Second)))
-			f.cancel = rng.IntN(4) == 0
+			f.cancel = k != faultTwin && rng.IntN(4) == 0
+		}
+		if k == faultPanic {
+			f.failpoint = failpoints[rng.IntN(len(failpoints))]
 		}
 		s.faults = append(s.faults, f)
 		at += f.dur
@@ -127,7 +199,7 @@ func TestChaos(t *testing.T) {
 	rng := rand.New(rand.NewPCG(seed, 0xc4a05))
 	var scheds []schedule
 	for i := range n {
-		scheds = append(scheds, newSchedule(rng, i))
+		scheds = append(scheds, newSchedule(rng, i, agentFP.Failpoints))
 	}
 	kinds := map[faultKind]int{}
 	var mu sync.Mutex
@@ -137,15 +209,17 @@ func TestChaos(t *testing.T) {
 			kinds[f.kind]++
 		}
 		t.Run(s.String(), func(t *testing.T) {
+			defer func() { // also after a Fatal
+				if t.Failed() {
+					mu.Lock()
+					failed = append(failed, s.String())
+					mu.Unlock()
+				}
+			}()
 			runSchedule(t, s, pdb)
-			if t.Failed() {
-				mu.Lock()
-				failed = append(failed, s.String())
-				mu.Unlock()
-			}
 		})
 	}
-	t.Logf("chaos summary: %d schedules, faults by kind %v, violations in %d: %v (seed %d)", n, kinds, len(failed), failed, seed)
+	t.Logf("chaos summary: %d schedules, faults by kind %v (panics that fired: %d), violations in %d: %v (seed %d)", n, kinds, panicsFired.Load(), len(failed), failed, seed)
 }
 
 // eventLog records every state of the event a watch saw.
@@ -171,6 +245,18 @@ func watchEvent(ctx context.Context, lc *apiclient.LifecycleClients, name string
 		}
 	}()
 	return l, nil
+}
+
+// claimed reports whether a watched state was Claimed (or later).
+func (l *eventLog) claimed() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, ev := range l.states {
+		if cs := ev.Status.ClaimStatus; cs != "" && cs != v1alpha1.LifecycleEventPending {
+			return true
+		}
+	}
+	return false
 }
 
 // lastEnd is the last end state seen ("" if none).
@@ -223,12 +309,11 @@ func (l *eventLog) check() []string {
 	return out
 }
 
-func runSchedule(t *testing.T, s schedule, pdb bool) {
+// chaosNode registers a node with a kubelet stand-in.
+func chaosNode(t *testing.T, node string) *testenv.KubeletStandIn {
+	t.Helper()
 	ctx := context.Background()
 	admin := env.AdminConfig()
-	ensureSpare(t)
-	node := fmt.Sprintf("chaos-%02d-%s", s.i, s.driver)
-	c := &crashCase{node: node, event: "chaos-" + node, dir: t.TempDir(), sockDir: shortDir(t)}
 	if err := testenv.CreateNode(ctx, admin, node, map[string]string{"crash": "true"}); err != nil {
 		t.Fatal(err)
 	}
@@ -236,10 +321,43 @@ func runSchedule(t *testing.T, s schedule, pdb bool) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c.kubelet = k
+	return k
+}
+
+// chaosCase is a node's agent set-up: a journal, a socket, a config and a
+// kubeconfig through kc's server (the cut proxy for the faulted node).
+func chaosCase(t *testing.T, node, event, config string, kc *rest.Config) *crashCase {
+	t.Helper()
+	c := &crashCase{node: node, event: event, dir: t.TempDir(), sockDir: shortDir(t), gofailHTTP: true}
+	c.kubeconfig = filepath.Join(c.dir, "node.kubeconfig")
+	if err := testenv.WriteKubeconfig(c.kubeconfig, kc); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(c.config(), []byte(config), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			for _, l := range c.logs {
+				t.Logf("---- %s %s (last 60 lines)\n%s", node, filepath.Base(l), tail(l, 60))
+			}
+		}
+	})
+	return c
+}
+
+func runSchedule(t *testing.T, s schedule, pdb bool) {
+	ctx := context.Background()
+	admin := env.AdminConfig()
+	ensureSpare(t)
+	node := fmt.Sprintf("chaos-%02d-%s", s.i, s.driver)
+	kubelet := chaosNode(t, node)
 	minAvail := 0
 	if pdb {
 		minAvail = 2
+	}
+	if s.sla > 0 {
+		minAvail = replicas // the budget never allows an eviction: the sla expires first
 	}
 	w := &testenv.Workload{Namespace: node, Name: "web", Node: node, Spare: spareNode, Replicas: replicas, MinAvailable: minAvail}
 	if err := w.Start(ctx, admin); err != nil {
@@ -253,20 +371,8 @@ func runSchedule(t *testing.T, s schedule, pdb bool) {
 		t.Fatal(err)
 	}
 	t.Cleanup(proxy.Close)
-	c.kubeconfig = filepath.Join(c.dir, "node.kubeconfig")
-	if err := testenv.WriteKubeconfig(c.kubeconfig, proxy.Config(env.NodeConfig(node))); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(c.config(), []byte(agentConfig), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			for _, l := range c.logs {
-				t.Logf("---- %s (last 60 lines)\n%s", filepath.Base(l), tail(l, 60))
-			}
-		}
-	})
+	c := chaosCase(t, node, "chaos-"+node, chaosConfig, proxy.Config(env.NodeConfig(node)))
+	c.kubelet = kubelet
 	lc, err := apiclient.NewLifecycleClients(admin)
 	if err != nil {
 		t.Fatal(err)
@@ -274,10 +380,48 @@ func runSchedule(t *testing.T, s schedule, pdb bool) {
 	cs := kubernetes.NewForConfigOrDie(admin)
 
 	a := c.start(t, "")
+	tn := node + "-" + s.driver
 	waitFor(t, "transition published", 60*time.Second, a, func() bool {
-		_, err := lc.Transitions.Get(ctx, node+"-"+s.driver, metav1.GetOptions{})
+		_, err := lc.Transitions.Get(ctx, tn, metav1.GetOptions{})
 		return err == nil
 	})
+	if s.sla > 0 {
+		// An admin's own transition for the drain driver, with a short sla.
+		lt, err := lc.Transitions.Get(ctx, tn, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		own := &v1alpha1.LifecycleTransition{ObjectMeta: metav1.ObjectMeta{Name: tn + "-sla"}, Spec: lt.Spec}
+		own.Spec.Sla = &metav1.Duration{Duration: s.sla}
+		if _, err := lc.Transitions.Create(ctx, own, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		tn = own.Name
+	}
+	baseline, err := goroutines(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var budget *v1alpha1.DisruptionBudget
+	var peer *crashCase
+	var peerAgent *agentProc
+	if s.peer {
+		budget = &v1alpha1.DisruptionBudget{Group: fmt.Sprintf("chaos-%02d", s.i), MaxConcurrent: 1}
+		pn := node + "-peer"
+		pk := chaosNode(t, pn)
+		peer = chaosCase(t, pn, "chaos-"+pn, agentConfig, env.NodeConfig(pn))
+		peer.kubelet = pk
+		peerAgent = peer.start(t, "")
+		waitFor(t, "the peer's transition published", 60*time.Second, peerAgent, func() bool {
+			_, err := lc.Transitions.Get(ctx, pn+"-reboot", metav1.GetOptions{})
+			return err == nil
+		})
+		pev := &v1alpha1.LifecycleEvent{ObjectMeta: metav1.ObjectMeta{Name: peer.event},
+			Spec: v1alpha1.LifecycleEventSpec{TransitionName: pn + "-reboot", BindingNode: pn, Disruption: budget}}
+		if _, err := lc.Events.Create(ctx, pev, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
 	wctx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
 	rec, err := watchEvent(wctx, lc, c.event)
@@ -285,14 +429,19 @@ func runSchedule(t *testing.T, s schedule, pdb bool) {
 		t.Fatal(err)
 	}
 	ev := &v1alpha1.LifecycleEvent{ObjectMeta: metav1.ObjectMeta{Name: c.event},
-		Spec: v1alpha1.LifecycleEventSpec{TransitionName: node + "-" + s.driver, BindingNode: node}}
+		Spec: v1alpha1.LifecycleEventSpec{TransitionName: tn, BindingNode: node, Disruption: budget}}
+	if s.driver == "os-upgrade" {
+		ev.Spec.Parameters = map[string]string{"profile": "chaos"}
+	}
 	if _, err := lc.Events.Create(ctx, ev, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	created := time.Now()
 	deleted := false
+	crashes := 0                 // kills and panics that fired
 	var cancelledAlive time.Time // a cancel while the agent ran and reached the API
 	halfOpenBefore := false
+	var twins []*crashCase
 	del := func() {
 		if err := lc.Events.Delete(ctx, c.event, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
 			t.Fatal(err)
@@ -306,11 +455,28 @@ func runSchedule(t *testing.T, s schedule, pdb bool) {
 		switch f.kind {
 		case faultKill:
 			a.kill()
+			crashes++
 			if f.cancel {
 				del()
 			}
 			time.Sleep(f.dur)
 			a = c.start(t, "")
+		case faultPanic:
+			fired := armPanic(t, a, f.failpoint, f.dur)
+			if fired {
+				crashes++
+			}
+			if f.cancel {
+				del()
+			}
+			if fired {
+				time.Sleep(300 * time.Millisecond)
+				a = c.start(t, "")
+			}
+			t.Logf("panic at %s: fired %v", f.failpoint, fired)
+			if fired {
+				panicsFired.Add(1)
+			}
 		case faultOutage, faultHalf:
 			if f.kind == faultHalf {
 				proxy.Blackhole()
@@ -329,6 +495,19 @@ func runSchedule(t *testing.T, s schedule, pdb bool) {
 			if !halfOpenBefore {
 				cancelledAlive = time.Now()
 			}
+		case faultTwin:
+			// Once the event is claimed (by the agent, not by the twin:
+			// a race the twin may win is an operator's error, not a fault).
+			waitFor(t, "the event claimed before the twin starts", 30*time.Second, a, func() bool {
+				return rec.claimed() || deleted
+			})
+			tw := chaosCase(t, node, c.event, chaosConfig, proxy.Config(env.NodeConfig(node)))
+			ta := tw.start(t, "")
+			time.Sleep(f.dur)
+			if err := ta.stop(20 * time.Second); err != nil {
+				t.Errorf("the twin agent: %v", err)
+			}
+			twins = append(twins, tw)
 		}
 		if f.kind == faultHalf {
 			halfOpenBefore = true
@@ -352,6 +531,9 @@ func runSchedule(t *testing.T, s schedule, pdb bool) {
 	if deleted && final != nil {
 		t.Errorf("the event was deleted but is still there, %s", final.Status.ClaimStatus)
 	}
+	if s.sla > 0 && final != nil && final.Status.ClaimStatus != v1alpha1.LifecycleEventSlaExpired {
+		t.Errorf("a drain held by its budget past its sla of %s ended %s", s.sla, endName(final))
+	}
 	waitFor(t, "the agent to be idle with its outbox delivered", 60*time.Second, a, func() bool {
 		st, err := statusFromSocket(ctx, c.socket())
 		return err == nil && st.Event == nil && st.Outbox == 0
@@ -360,9 +542,17 @@ func runSchedule(t *testing.T, s schedule, pdb bool) {
 	for _, v := range rec.check() {
 		t.Errorf("went backwards: %s", v)
 	}
+	if peer != nil {
+		waitFor(t, "the peer's event to end", settleBound, peerAgent, func() bool {
+			got, err := lc.Events.Get(ctx, peer.event, metav1.GetOptions{})
+			return err == nil && got.Status.ClaimStatus.Finished() && len(got.Finalizers) == 0
+		})
+	}
 
 	// 2. Nothing non-idempotent twice: each pod evicted at most once, at
-	// most one (simulated) reboot for the event.
+	// most one (simulated) reboot for the event; an upgrade command or exec
+	// step runs again only on the replay after a crash (their contract:
+	// idempotent).
 	evs, err := auditEvictions(node)
 	if err != nil {
 		t.Fatal(err)
@@ -372,13 +562,23 @@ func runSchedule(t *testing.T, s schedule, pdb bool) {
 			t.Errorf("pod %s evicted %d times", pod, n)
 		}
 	}
-	reboots := 0
-	for _, l := range c.logs {
-		b, _ := os.ReadFile(l)
-		reboots += strings.Count(string(b), "simulated reboot (nothing rebooted)")
+	logs := slices.Clone(c.logs)
+	for _, tw := range twins {
+		logs = append(logs, tw.logs...)
 	}
+	reboots := len(actionTimes(logs, logReboot, ""))
 	if reboots > 1 {
 		t.Errorf("%d reboots for one event", reboots)
+	}
+	runs := map[string]int{
+		"upgrade": len(actionTimes(logs, logTransient, "chaos-upgrade")),
+		"flash":   len(actionTimes(logs, logCommand, "chaos-flash-1")),
+		"verify":  len(actionTimes(logs, logCommand, "chaos-flash-2")),
+	}
+	for step, n := range runs {
+		if n > 1+crashes {
+			t.Errorf("step %s ran %d times with %d crash(es)", step, n, crashes)
+		}
 	}
 	// ... and none after a cancel the agent saw (the watch tells it within
 	// milliseconds; 2 s allow for a step that was already acting).
@@ -388,9 +588,11 @@ func runSchedule(t *testing.T, s schedule, pdb bool) {
 				t.Errorf("an eviction accepted at %s, %s after the cancel", at.Format(time.RFC3339Nano), at.Sub(cancelledAlive).Round(time.Millisecond))
 			}
 		}
-		for _, at := range rebootTimes(c.logs) {
-			if at.After(cancelledAlive.Add(2 * time.Second)) {
-				t.Errorf("a reboot at %s, %s after the cancel", at.Format(time.RFC3339Nano), at.Sub(cancelledAlive).Round(time.Millisecond))
+		for _, marker := range []string{logReboot, logTransient, logCommand} {
+			for _, at := range actionTimes(logs, marker, "") {
+				if at.After(cancelledAlive.Add(2 * time.Second)) {
+					t.Errorf("%q at %s, %s after the cancel", marker, at.Format(time.RFC3339Nano), at.Sub(cancelledAlive).Round(time.Millisecond))
+				}
 			}
 		}
 	}
@@ -416,21 +618,162 @@ func runSchedule(t *testing.T, s schedule, pdb bool) {
 		t.Errorf("node condition %s=%s/%s (%s) at rest after %s", v1alpha1.NodeConditionLifecycleTransition, cond.Status, cond.Reason, cond.Message, endName(final))
 	}
 
-	// 6. A clean stop.
+	// 6. No goroutine left behind by the event, and a clean stop.
+	end, err := goroutines(a)
+	if err != nil {
+		t.Error(err)
+	} else if end > baseline+goroutineSlack {
+		t.Errorf("%d goroutines at rest after the event, %d before it (slack %d): a leak", end, baseline, goroutineSlack)
+	}
 	if err := a.stop(20 * time.Second); err != nil {
 		t.Error(err)
 	}
-	t.Logf("%s: ended %s, %d eviction(s) accepted, %d refused, %d cut, %d reboot(s), %d agent run(s)",
-		s, endName(final), len(evs.accepted), evs.refused, len(evs.other), reboots, c.runs)
+
+	// The twins never took the event up, and left nothing of theirs.
+	for i, tw := range twins {
+		doc, err := tw.exportJournal()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(doc.Events) > 0 || len(doc.History) > 0 || len(doc.Owned) > 0 {
+			t.Errorf("twin agent %d (same node name, other journal) took up work: %d event(s), %d finished, %d owned change(s)", i+1, len(doc.Events), len(doc.History), len(doc.Owned))
+		}
+	}
+
+	// 5. The disruption group never had more than maxConcurrent (1) events
+	// inside their disruptive steps at once, by the journals' step times.
+	if peer != nil {
+		if err := peerAgent.stop(20 * time.Second); err != nil {
+			t.Error(err)
+		}
+		var windows []window
+		for _, x := range []*crashCase{c, peer} {
+			doc, err := x.exportJournal()
+			if err != nil {
+				t.Fatal(err)
+			}
+			w := disruptedWindows(doc, x.node)
+			if x == peer && len(w) != 1 {
+				t.Errorf("the peer's journal has %d finished event(s) with steps, want its one: the budget check would see nothing", len(w))
+			}
+			windows = append(windows, w...)
+		}
+		for i := range windows {
+			for j := i + 1; j < len(windows); j++ {
+				if windows[i].overlaps(windows[j]) {
+					t.Errorf("disruption group over its budget of 1: %s and %s", windows[i], windows[j])
+				}
+			}
+		}
+	}
+	t.Logf("%s: ended %s, %d eviction(s) accepted, %d refused, %d cut, %d reboot(s), step runs %v, %d agent run(s), goroutines %d→%d",
+		s, endName(final), len(evs.accepted), evs.refused, len(evs.other), reboots, runs, c.runs, baseline, end)
 }
 
-// rebootTimes are the times of the simulated reboots in the agent logs.
-func rebootTimes(logs []string) []time.Time {
+// goroutineSlack is how many more goroutines than at the start an idle
+// agent may run after an event: the API connections it redialled (one
+// HTTP/2 reader and writer each) and the watch restarted after an outage.
+const goroutineSlack = 6
+
+// goroutines reads go_goroutines from the agent's /metrics.
+func goroutines(a *agentProc) (int, error) {
+	c := &http.Client{Timeout: 3 * time.Second}
+	resp, err := c.Get("http://" + a.metrics + "/metrics")
+	if err != nil {
+		return 0, fmt.Errorf("goroutines: %w", err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return 0, fmt.Errorf("goroutines: %w", err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "go_goroutines "); ok {
+			n, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+			return int(n), err
+		}
+	}
+	return 0, fmt.Errorf("goroutines: no go_goroutines in %s/metrics", a.metrics)
+}
+
+// armPanic arms failpoint fp of the running agent to panic (gofail's HTTP
+// endpoint) and waits up to d for it to fire; it reports whether the agent
+// died of it. Not reached within d, the failpoint is disarmed.
+func armPanic(t *testing.T, a *agentProc, fp string, d time.Duration) bool {
+	t.Helper()
+	c := &http.Client{Timeout: 3 * time.Second}
+	// The endpoint of an agent that just started may not listen yet.
+	var resp *http.Response
+	var err error
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		req, _ := http.NewRequest(http.MethodPut, "http://"+a.gofail+"/"+fp, strings.NewReader(`panic("chaos")`))
+		if resp, err = c.Do(req); err == nil || a.exited() || time.Now().After(deadline) {
+			break
+		}
+	}
+	if err != nil {
+		t.Fatalf("arm failpoint %s: %v (agent %s)", fp, err, a.exit())
+	}
+	resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		t.Fatalf("arm failpoint %s: %s", fp, resp.Status)
+	}
+	select {
+	case <-a.done:
+		return true
+	case <-time.After(d):
+	}
+	req, _ := http.NewRequest(http.MethodDelete, "http://"+a.gofail+"/"+fp, nil)
+	if resp, err := c.Do(req); err == nil {
+		resp.Body.Close()
+	} else if !a.exited() {
+		t.Fatalf("disarm failpoint %s: %v", fp, err)
+	}
+	if a.exited() { // it fired just now
+		return true
+	}
+	return false
+}
+
+// window is the time an event of node spent holding the node disrupted:
+// from the intent of its first step to its end.
+type window struct {
+	node, event string
+	from, to    time.Time
+}
+
+func (w window) String() string {
+	return fmt.Sprintf("%s/%s [%s, %s]", w.node, w.event, w.from.Format("15:04:05.000"), w.to.Format("15:04:05.000"))
+}
+
+func (w window) overlaps(o window) bool { return w.from.Before(o.to) && o.from.Before(w.to) }
+
+// disruptedWindows are the finished events' windows in a journal.
+func disruptedWindows(doc *journal.ExportDoc, node string) []window {
+	var out []window
+	for _, h := range doc.History {
+		if len(h.Steps) == 0 {
+			continue // never started a step
+		}
+		from := h.Steps[0].At
+		for _, st := range h.Steps {
+			if st.At.Before(from) {
+				from = st.At
+			}
+		}
+		out = append(out, window{node: node, event: h.Event.Name, from: from, to: h.Finished})
+	}
+	return out
+}
+
+// actionTimes are the times of the simulated host's actions (log lines
+// with marker, and with detail when not empty) in the agent logs.
+func actionTimes(logs []string, marker, detail string) []time.Time {
 	var out []time.Time
 	for _, l := range logs {
 		b, _ := os.ReadFile(l)
 		for _, line := range strings.Split(string(b), "\n") {
-			if !strings.Contains(line, "simulated reboot (nothing rebooted)") || !strings.HasPrefix(line, "time=") {
+			if !strings.Contains(line, marker) || !strings.Contains(line, detail) || !strings.HasPrefix(line, "time=") {
 				continue
 			}
 			ts, _, _ := strings.Cut(strings.TrimPrefix(line, "time="), " ")

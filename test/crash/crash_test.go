@@ -48,6 +48,7 @@ type crashCase struct {
 	node, event string
 	hostMode    string   // "" means simulate
 	extraEnv    []string // added to the agent's environment
+	gofailHTTP  bool     // serve gofail's HTTP endpoint (agentProc.gofail)
 	dir         string   // journal, config, agent logs
 	sockDir     string   // short: a unix socket path is at most 107 bytes
 	kubeconfig  string
