@@ -76,7 +76,7 @@ bench: build kubebin ## benchmarks; results go to docs/benchmarks.md
 # Randomized fault schedules (test/crash TestChaos): the real agent through
 # kills, outages (reset and half-open), cancels while alive, down and cut
 # off, with the pods behind a PodDisruptionBudget. make test runs a small
-# seeded smoke of it (6 schedules, no PDB) as part of test/crash.
+# seeded smoke of it (12 schedules, no PDB) as part of test/crash.
 CHAOS_SCHEDULES ?= 100
 .PHONY: chaos
 chaos: kubebin ## randomized fault schedules against the real agent (CHAOS_SCHEDULES=100, CHAOS_SEED=n replays)
