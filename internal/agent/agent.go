@@ -57,16 +57,56 @@ type Options struct {
 	UnfilteredWatch bool
 }
 
-// Identity is stable for one journal on one node: a restarted agent keeps
-// its claims, while a second agent process (with its own journal) is a
-// different holder.
-func Identity(node, journalPath string) string {
+// Identity is stable for one journal on one machine: a restarted agent
+// keeps its claims, while a second agent process (with its own journal) is
+// a different holder, and so is an agent on another machine configured
+// with the same node name and journal path (machineID tells them apart).
+// With machineID empty it is the identity older agents used, which did not
+// include it: LegacyIdentity.
+func Identity(node, journalPath, machineID string) string {
 	abs, err := filepath.Abs(journalPath)
 	if err != nil {
 		abs = journalPath
 	}
-	sum := sha256.Sum256([]byte(abs))
+	in := abs
+	if machineID != "" {
+		in = machineID + "\n" + abs
+	}
+	sum := sha256.Sum256([]byte(in))
 	return node + "/" + hex.EncodeToString(sum[:])[:8]
+}
+
+// LegacyIdentity is the identity older agents used (no machine ID).
+// An agent accepts it as its own for what its journal says it holds (the
+// Leases of an event claimed before an upgrade), never to adopt an event
+// from the API alone.
+func LegacyIdentity(node, journalPath string) string { return Identity(node, journalPath, "") }
+
+// SimulatedMachineIDFile, next to the journal, stands in for
+// /etc/machine-id under host.mode=simulate when it exists (tests run
+// "machines" side by side on one host).
+const SimulatedMachineIDFile = "simulated-machine-id"
+
+// machineID reads the machine ID the identity includes ("" when none can
+// be read: the identity is then the legacy one, and the log says so).
+func machineID(cfg *config.Config, log *slog.Logger) string {
+	p := host.Paths{}
+	if cfg.Host.Mode == config.HostModeSimulate {
+		if f := filepath.Join(filepath.Dir(cfg.JournalPath), SimulatedMachineIDFile); fileExists(f) {
+			p.MachineIDFile = f
+		}
+	}
+	id, err := p.MachineID()
+	if err != nil {
+		log.Warn("no machine ID: the holder identity cannot tell this host from another given the same node name", "err", err)
+		return ""
+	}
+	return id
+}
+
+func fileExists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
 }
 
 // Run runs the agent until ctx ends.
@@ -171,9 +211,14 @@ func Run(ctx context.Context, o Options) error {
 	}
 
 	registerContactMetrics(reg, api)
-	identity := Identity(cfg.NodeName, cfg.JournalPath)
+	identity := Identity(cfg.NodeName, cfg.JournalPath, machineID(cfg, log))
+	var former []string
+	if legacy := LegacyIdentity(cfg.NodeName, cfg.JournalPath); legacy != identity {
+		former = append(former, legacy)
+	}
+	api.FormerIdentities = former
 	eng, err := engine.New(engine.Config{
-		Node: cfg.NodeName, Identity: identity, API: api, Journal: j, Drivers: drv, Host: hostOps,
+		Node: cfg.NodeName, Identity: identity, FormerIdentities: former, API: api, Journal: j, Drivers: drv, Host: hostOps,
 		Clock: clk, Log: log, EventRetention: cfg.EventRetention, Metrics: metrics,
 		Notify:          func(s string) { notify("STATUS", s) },
 		UnfilteredWatch: o.UnfilteredWatch,

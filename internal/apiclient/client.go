@@ -60,6 +60,11 @@ type Client struct {
 	restCfg *rest.Config
 	contact *Contact
 
+	// FormerIdentities are identities this agent held Leases under before
+	// (an older agent's, on the same journal): a Lease they hold is ours,
+	// renewed and released under the current identity.
+	FormerIdentities []string
+
 	leaseMu   sync.Mutex
 	nodeLease *v1alpha1.LifecycleLease // as our last write of it returned
 	condMu    sync.Mutex

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	coordv1 "k8s.io/api/coordination/v1"
@@ -39,6 +40,16 @@ func NodeLeaseName(node string) string { return "node-" + node }
 // SlotLeaseName is the i-th disruption-budget slot of group.
 func SlotLeaseName(group string, i int) string { return fmt.Sprintf("%s-%d", group, i) }
 
+// heldBy reports whether l's holder is identity or one of
+// FormerIdentities (ours under an older identity).
+func (c *Client) heldBy(l *v1alpha1.LifecycleLease, identity string) bool {
+	if l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity == "" {
+		return false
+	}
+	h := *l.Spec.HolderIdentity
+	return h == identity || slices.Contains(c.FormerIdentities, h)
+}
+
 func expired(l *v1alpha1.LifecycleLease, now time.Time) bool {
 	if l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity == "" {
 		return true
@@ -60,8 +71,7 @@ func expired(l *v1alpha1.LifecycleLease, now time.Time) bool {
 func (c *Client) AcquireNodeLease(ctx context.Context, h LeaseHolder, now time.Time) error {
 	name := NodeLeaseName(c.Node)
 	if l := c.cachedNodeLease(); l != nil {
-		ours := l.Spec.HolderIdentity != nil && *l.Spec.HolderIdentity == h.Identity
-		if ours || expired(l, now) {
+		if c.heldBy(l, h.Identity) || expired(l, now) {
 			err := c.updateLease(ctx, l, h, now)
 			if err == nil || !apierrors.IsConflict(err) && !apierrors.IsNotFound(err) {
 				return err
@@ -74,7 +84,7 @@ func (c *Client) AcquireNodeLease(ctx context.Context, h LeaseHolder, now time.T
 
 // ReleaseNodeLease gives up this node's Lease if h holds it.
 func (c *Client) ReleaseNodeLease(ctx context.Context, identity string) error {
-	if l := c.cachedNodeLease(); l != nil && l.Spec.HolderIdentity != nil && *l.Spec.HolderIdentity == identity {
+	if l := c.cachedNodeLease(); l != nil && c.heldBy(l, identity) {
 		err := c.releaseLease(ctx, l)
 		if err == nil || !apierrors.IsConflict(err) && !apierrors.IsNotFound(err) {
 			return err
@@ -132,7 +142,7 @@ func (c *Client) AcquireSlot(ctx context.Context, group string, max int, h Lease
 	for i := 0; i < max; i++ {
 		name := SlotLeaseName(group, i)
 		l, err := leases.Get(ctx, name, metav1.GetOptions{})
-		if err == nil && l.Spec.HolderIdentity != nil && *l.Spec.HolderIdentity == h.Identity && l.Annotations[AnnotationLeaseEventUID] == h.EventUID {
+		if err == nil && c.heldBy(l, h.Identity) && l.Annotations[AnnotationLeaseEventUID] == h.EventUID {
 			return name, c.acquire(ctx, name, h, now, nil)
 		}
 	}
@@ -219,8 +229,7 @@ func (c *Client) acquireIf(ctx context.Context, name string, h LeaseHolder, now 
 	if err != nil {
 		return fmt.Errorf("apiclient: get lease %s: %w", name, err)
 	}
-	ours := l.Spec.HolderIdentity != nil && *l.Spec.HolderIdentity == h.Identity
-	if !ours && !free(ctx, l) {
+	if !c.heldBy(l, h.Identity) && !free(ctx, l) {
 		return fmt.Errorf("%w: %s is held by %s", ErrLeaseHeld, name, *l.Spec.HolderIdentity)
 	}
 	err = c.updateLease(ctx, l, h, now)
@@ -237,7 +246,7 @@ func (c *Client) updateLease(ctx context.Context, l *v1alpha1.LifecycleLease, h 
 		secs = 40
 	}
 	mt := metav1.NewMicroTime(now)
-	ours := l.Spec.HolderIdentity != nil && *l.Spec.HolderIdentity == h.Identity
+	ours := c.heldBy(l, h.Identity)
 	if l.Annotations == nil {
 		l.Annotations = map[string]string{}
 	}
@@ -274,7 +283,7 @@ func (c *Client) release(ctx context.Context, name, identity string) error {
 		return fmt.Errorf("apiclient: get lease %s: %w", name, err)
 	}
 	c.setNodeLease(l)
-	if l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity != identity {
+	if !c.heldBy(l, identity) {
 		return nil
 	}
 	if err := c.releaseLease(ctx, l); err != nil && !apierrors.IsConflict(err) {

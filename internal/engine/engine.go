@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -25,10 +26,14 @@ import (
 // Config wires an Engine. Every field but Metrics and Notify is required.
 type Config struct {
 	Node     string
-	Identity string // unique per agent process lineage: node + journal
-	API      *apiclient.Client
-	Journal  *journal.Journal
-	Drivers  []drivers.Driver
+	Identity string // unique per agent process lineage: node + machine + journal
+	// FormerIdentities are older identities of this agent lineage (an
+	// older agent's on this journal): its finished events are collected as
+	// ours. They never make an event adoptable from the API alone.
+	FormerIdentities []string
+	API              *apiclient.Client
+	Journal          *journal.Journal
+	Drivers          []drivers.Driver
 	// Host performs (or simulates) host actions; its BootID stamps intents.
 	Host  drivers.HostOps
 	Clock clock.Clock
@@ -64,6 +69,7 @@ type Engine struct {
 	flushed   chan struct{}        // poked after each outbox delivery (finish waits on it)
 	deleted   map[string]time.Time // UIDs collect deleted, until the watch catches up
 	nextUndo  time.Time            // when retryLeftoverUndo looks again
+	orphanAt  map[string]time.Time // releaseOrphans: when it last tried each event (by UID)
 	watch     *apiclient.EventWatch
 
 	beat atomic.Int64 // UnixNano of the engine's last sign of progress (Healthy)
@@ -236,6 +242,9 @@ func (e *Engine) Run(ctx context.Context) error {
 				e.collect(ctx)
 			}
 			e.retryLeftoverUndo(ctx)
+			if w.Synced() {
+				e.releaseOrphans(ctx)
+			}
 			e.publishRequests(ctx)
 		}
 		// While the server does not answer, or for watchDegraded after the
@@ -403,7 +412,7 @@ func (e *Engine) collect(ctx context.Context) {
 		if !ev.Status.ClaimStatus.Finished() || ev.Status.CompletionTime == nil || ev.DeletionTimestamp != nil {
 			continue
 		}
-		if ev.Status.Holder == nil || ev.Status.Holder.Identity != e.cfg.Identity {
+		if ev.Status.Holder == nil || ev.Status.Holder.Identity != e.cfg.Identity && !slices.Contains(e.cfg.FormerIdentities, ev.Status.Holder.Identity) {
 			continue
 		}
 		if now.Before(ev.Status.CompletionTime.Add(e.cfg.EventRetention)) {
@@ -472,6 +481,87 @@ func (e *Engine) retryLeftoverUndo(ctx context.Context) {
 		}
 		e.log.Info("undid a leftover cordon of an event that ended without success", "event", ch.Value, "outcome", outcome[ch.EventUID].String())
 	}
+}
+
+// releaseOrphans lets go of deleted events of this node that carry our
+// finalizer but that no agent will ever finish: not in our journal (it
+// was lost, or moved aside as corrupt), held by us, by a former identity
+// of ours, or by a holder whose node Lease is not live (an agent on a
+// machine that was re-imaged or replaced: its identity is gone for good).
+// An event held by a live holder (another agent given this node name) is
+// left to it. Releasing undoes what the event is known to have left on
+// the Node — its cordon (cordoned-by names it) and a LifecycleTransition
+// condition in progress for it — then removes the finalizer. An event
+// that is not deleted is never taken over: an operator deletes it to
+// cancel it (docs/reliability.md#identity). Each event is tried at most
+// every 10 s.
+func (e *Engine) releaseOrphans(ctx context.Context) {
+	now := e.cfg.Clock.Now()
+	var mine map[string]bool
+	for _, ev := range e.watch.List() {
+		if ev.DeletionTimestamp == nil || ev.Spec.BindingNode != e.cfg.Node || !slices.Contains(ev.Finalizers, v1alpha1.Finalizer) {
+			continue
+		}
+		uid := string(ev.UID)
+		if at, ok := e.orphanAt[uid]; ok && now.Sub(at) < 10*time.Second {
+			continue
+		}
+		if e.orphanAt == nil {
+			e.orphanAt = map[string]time.Time{}
+		}
+		e.orphanAt[uid] = now
+		if mine == nil {
+			mine = map[string]bool{}
+			recs, err := e.cfg.Journal.Events()
+			if err != nil {
+				return
+			}
+			for _, r := range recs {
+				mine[r.UID] = true
+			}
+		}
+		if mine[uid] {
+			continue // ours to finish: replay or the running event does it
+		}
+		holder := ""
+		if ev.Status.Holder != nil {
+			holder = ev.Status.Holder.Identity
+		}
+		if holder != "" && holder != e.cfg.Identity && !slices.Contains(e.cfg.FormerIdentities, holder) {
+			live, err := e.cfg.API.NodeLeaseHolder(ctx, now)
+			if err != nil || live == holder {
+				continue // its holder is alive (or we cannot tell): its holder finishes it
+			}
+		}
+		if err := e.releaseOrphan(ctx, ev, now); err != nil {
+			e.log.Warn("releasing a deleted event that no agent holds failed; will retry", "event", ev.Name, "holder", holder, "err", err)
+			continue
+		}
+		e.log.Info("released a deleted event that no agent will finish: undid its cordon, removed the finalizer", "event", ev.Name, "holder", holder)
+	}
+}
+
+func (e *Engine) releaseOrphan(ctx context.Context, ev *v1alpha1.LifecycleEvent, now time.Time) error {
+	if _, err := e.cfg.API.Uncordon(ctx, ev.Name, false); err != nil && !errors.Is(err, apiclient.ErrCordonNotOurs) {
+		return err
+	}
+	node, err := e.cfg.API.GetNode(ctx)
+	if err != nil {
+		return err
+	}
+	for _, c := range node.Status.Conditions {
+		if string(c.Type) == v1alpha1.NodeConditionLifecycleTransition && c.Status == corev1.ConditionTrue && strings.Contains(c.Message, "(event "+ev.Name+")") {
+			drains := false
+			for _, s := range ev.Status.Steps {
+				drains = drains || s.Name == "evict"
+			}
+			conds := nodeConditions(ev.Spec.TransitionName, ev.Name, "Cancelled", corev1.ConditionFalse, ev.Status.Driver.Name, drains, true)
+			if err := e.cfg.API.SetNodeConditions(ctx, now, conds...); err != nil {
+				return err
+			}
+		}
+	}
+	return e.cfg.API.SetFinalizer(ctx, ev.Name, string(ev.UID), false)
 }
 
 // nodeConditions are the Node conditions for an event in a given phase.

@@ -17,6 +17,7 @@ const (
 	DefaultOSReleasePath     = "/etc/os-release"
 	DefaultOSReleaseFallback = "/usr/lib/os-release"
 	DefaultKernelReleasePath = "/proc/sys/kernel/osrelease"
+	DefaultMachineIDPath     = "/etc/machine-id"
 )
 
 // Paths names the files the host facts are read from; tests point them into
@@ -30,6 +31,28 @@ type Paths struct {
 	// KernelRelease holds the kernel release (`uname -r`). When it is empty
 	// /proc/sys/kernel/osrelease is read, falling back to uname(2).
 	KernelReleaseFile string
+	// MachineIDFile is machine-id(5): 32 lowercase hex digits, set at
+	// install and kept across reboots and upgrades.
+	MachineIDFile string
+}
+
+// MachineID returns machine-id(5). It tells two hosts apart that were
+// given one node name (a cloned image, a typo): the agent's holder identity
+// includes it.
+func (p Paths) MachineID() (string, error) {
+	path := p.MachineIDFile
+	if path == "" {
+		path = DefaultMachineIDPath
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return "", fmt.Errorf("host: read machine ID: %w", err)
+	}
+	s := strings.TrimSpace(string(data))
+	if len(s) != 32 || strings.Trim(strings.ToLower(s), "0123456789abcdef") != "" {
+		return "", fmt.Errorf("host: machine ID in %s: want 32 hex digits, found %q", path, s)
+	}
+	return strings.ToLower(s), nil
 }
 
 // BootID returns the current boot ID in lowercase canonical form. A reboot

@@ -147,3 +147,26 @@ func TestKernelRelease(t *testing.T) {
 		}
 	})
 }
+
+func TestMachineID(t *testing.T) {
+	for _, tc := range []struct {
+		name, content, want string
+		fails               bool
+	}{
+		{name: "systemd format", content: "3d1219c7c4c5404aaa1f6d2a48adfda4\n", want: "3d1219c7c4c5404aaa1f6d2a48adfda4"},
+		{name: "upper case normalised", content: "3D1219C7C4C5404AAA1F6D2A48ADFDA4", want: "3d1219c7c4c5404aaa1f6d2a48adfda4"},
+		{name: "empty (an image not yet booted)", content: "", fails: true},
+		{name: "uninitialized", content: "uninitialized\n", fails: true},
+		{name: "a UUID with dashes", content: "3d1219c7-c4c5-404a-aa1f-6d2a48adfda4", fails: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := Paths{MachineIDFile: writeTemp(t, "machine-id", tc.content)}.MachineID()
+			if (err != nil) != tc.fails || got != tc.want {
+				t.Fatalf("MachineID = %q, %v; want %q, error %v", got, err, tc.want, tc.fails)
+			}
+		})
+	}
+	if _, err := (Paths{MachineIDFile: filepath.Join(t.TempDir(), "nope")}).MachineID(); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("MachineID of a missing file: %v, want ErrNotExist", err)
+	}
+}
