@@ -14,6 +14,12 @@ func (j *Journal) PutEvent(rec EventRecord) error {
 		rec.Updated = j.clock.Now()
 	}
 	rec.Updated = rec.Updated.UTC()
+	if rec.State == EventFinishing {
+		// A journal that refuses an event's end state (a full disk): the
+		// crash tests inject it here (test/crash TestJournalFullAtFinish).
+		// gofail: var journalFinishingWriteError string
+		// return fmt.Errorf("journal: put event %s: write: no space left on device (failpoint: %s)", rec.UID, journalFinishingWriteError)
+	}
 	err := j.update(func(tx *bolt.Tx) error {
 		if err := putEvent(tx, rec); err != nil {
 			return err

@@ -175,6 +175,7 @@ type agentStatus struct {
 	Event *struct {
 		Name string `json:"name"`
 	} `json:"event"`
+	State   string        `json:"state"`
 	Outbox  int           `json:"outboxDepth"`
 	History []historyItem `json:"history"`
 }

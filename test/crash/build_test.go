@@ -321,7 +321,9 @@ func output(ctx context.Context, dir string, env []string, name string, args ...
 	return strings.TrimSpace(stdout.String()), nil
 }
 
-// prune keeps the newest keep binaries (and always the current one).
+// prune keeps the newest keep binaries (and always the current one), and
+// any built in the last 6 hours: a long batch (make chaos) may still be
+// starting agents from one while another test run builds a newer one.
 func prune(binRoot, current string, keep int) {
 	ents, err := os.ReadDir(binRoot)
 	if err != nil {
@@ -342,7 +344,7 @@ func prune(binRoot, current string, keep int) {
 	}
 	sort.Slice(ds, func(i, j int) bool { return ds[i].mod.After(ds[j].mod) })
 	for i, d := range ds {
-		if i >= keep-1 {
+		if i >= keep-1 && time.Since(d.mod) > 6*time.Hour {
 			_ = os.RemoveAll(filepath.Join(binRoot, d.name))
 		}
 	}

@@ -735,8 +735,11 @@ func armPanic(t *testing.T, a *agentProc, fp string, d time.Duration) bool {
 	return false
 }
 
-// window is the time an event of node spent holding the node disrupted:
-// from the intent of its first step to its end.
+// window is the time an event of node spent inside its steps: from the
+// intent of its first step to the last step record (done, failed, or an
+// abort's). Its end status, finalizer and Leases come after; the journal's
+// move to history can come much later still (a crash just before it
+// replays it at the next start), so it is not the end.
 type window struct {
 	node, event string
 	from, to    time.Time
@@ -755,13 +758,16 @@ func disruptedWindows(doc *journal.ExportDoc, node string) []window {
 		if len(h.Steps) == 0 {
 			continue // never started a step
 		}
-		from := h.Steps[0].At
+		w := window{node: node, event: h.Event.Name, from: h.Steps[0].At, to: h.Steps[0].At}
 		for _, st := range h.Steps {
-			if st.At.Before(from) {
-				from = st.At
+			if st.At.Before(w.from) {
+				w.from = st.At
+			}
+			if st.At.After(w.to) {
+				w.to = st.At
 			}
 		}
-		out = append(out, window{node: node, event: h.Event.Name, from: from, to: h.Finished})
+		out = append(out, w)
 	}
 	return out
 }
