@@ -127,7 +127,14 @@ func (c *Cluster) APIForward() string {
 // StartVM boots a VM wired to this cluster (same run directory).
 func (c *Cluster) StartVM(t testing.TB) *VM {
 	t.Helper()
-	return Start(t, Options{APIForward: c.APIForward(), Dir: c.Dir})
+	return c.StartVMWith(t, Options{})
+}
+
+// StartVMWith is StartVM with options (APIForward and Dir are the cluster's).
+func (c *Cluster) StartVMWith(t testing.TB, opts Options) *VM {
+	t.Helper()
+	opts.APIForward, opts.Dir = c.APIForward(), c.Dir
+	return Start(t, opts)
 }
 
 // SetNodeReady sets the kubelet's Ready condition on the Node (there is no

@@ -53,11 +53,17 @@ type agentNode struct {
 // before booting anything, when there is no package to test.
 func startAgentNode(t *testing.T) *agentNode {
 	t.Helper()
+	return startAgentNodeWith(t, vm.Options{})
+}
+
+// startAgentNodeWith is startAgentNode with VM options.
+func startAgentNodeWith(t *testing.T, opts vm.Options) *agentNode {
+	t.Helper()
 	vm.RequireHostTools(t)
 	deb := vm.FindDeb(t)
 	c := vm.StartCluster(t)
 	rec := c.RecordNode(t)
-	v := c.StartVM(t)
+	v := c.StartVMWith(t, opts)
 	c.ProvisionNode(t, v, agentConfig)
 	out := vm.InstallDeb(t, v, deb)
 	t.Logf("dpkg -i %s:\n%s", filepath.Base(deb), out)

@@ -38,6 +38,10 @@ type Options struct {
 	Mem, SMP int
 	// Dir is the run directory; empty: a new one (RunDir).
 	Dir string
+	// NoReboot makes QEMU exit when the guest reboots (-no-reboot): the
+	// guest stays powered off until PowerOn, as a bare-metal node held in
+	// POST or by its BMC.
+	NoReboot bool
 }
 
 // VM is one running guest. Its methods must be called from the test's
@@ -161,6 +165,9 @@ func (v *VM) launch(reuseDisk bool) {
 	cmd.Env = append(os.Environ(), "VM_RUN_DIR="+v.Dir, "VM_CACHE_DIR="+v.cache, "VM_API_FORWARD="+v.opts.APIForward)
 	if reuseDisk {
 		cmd.Env = append(cmd.Env, "VM_REUSE_DISK=1")
+	}
+	if v.opts.NoReboot {
+		cmd.Env = append(cmd.Env, "VM_QEMU_EXTRA=-no-reboot")
 	}
 	if v.opts.Mem > 0 {
 		cmd.Env = append(cmd.Env, "VM_MEM="+strconv.Itoa(v.opts.Mem))
