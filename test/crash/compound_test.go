@@ -2,6 +2,7 @@ package crash
 
 import (
 	"context"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -428,4 +429,51 @@ func TestCrashDuringAbortOfFailedStep(t *testing.T) {
 	if err := a2.stop(20 * time.Second); err != nil {
 		t.Error(err)
 	}
+}
+
+// An event deleted in the instant after the agent's claim (a failpoint
+// holds the agent between the claimed status and the finalizer): the
+// finalizer cannot be added (404) and nothing was done on the host. The
+// claim must take back what it set — the node Lease and the Node's
+// transition condition — rather than leave the node marked in a
+// transition nobody runs, and the node Lease held, until it expires.
+func TestDeletedDuringClaim(t *testing.T) {
+	c, lc, cs, _ := compoundCase(t, "compound-claim-deleted", false)
+	ctx := context.Background()
+	c.gofailHTTP = true
+	a := c.start(t, `engineAfterClaim=sleep(3000)`)
+	waitFor(t, "transition published", 60*time.Second, a, func() bool {
+		_, err := lc.Transitions.Get(ctx, c.node+"-uncordon", metav1.GetOptions{})
+		return err == nil
+	})
+	createDrain(t, lc, c, c.event, "uncordon")
+	waitFor(t, "the claim", 30*time.Second, a, func() bool {
+		ev, err := lc.Events.Get(ctx, c.event, metav1.GetOptions{})
+		return err == nil && ev.Status.ClaimStatus == v1alpha1.LifecycleEventClaimed
+	})
+	if err := lc.Events.Delete(ctx, c.event, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the node Lease released and the transition condition not in progress", 15*time.Second, a, func() bool {
+		l, err := lc.Leases(v1alpha1.SystemNamespace).Get(ctx, "node-"+c.node, metav1.GetOptions{})
+		if err != nil || l.Spec.HolderIdentity != nil && *l.Spec.HolderIdentity != "" {
+			return false
+		}
+		n, err := cs.CoreV1().Nodes().Get(ctx, c.node, metav1.GetOptions{})
+		if err != nil {
+			return false
+		}
+		cond := nodeCondition(n, v1alpha1.NodeConditionLifecycleTransition)
+		return cond != nil && cond.Status == corev1.ConditionFalse
+	})
+	if _, err := lc.Events.Get(ctx, c.event, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("the deleted event is still there: %v", err)
+	}
+	req, _ := http.NewRequest(http.MethodDelete, "http://"+a.gofail+"/engineAfterClaim", nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	claimNextThenStop(t, c, lc, a)
 }
