@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/prometheus/client_golang/prometheus"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/clock"
@@ -25,8 +26,19 @@ type gpuStack struct {
 	monitor *gpuhealth.Monitor
 }
 
+// testNVML, set only in a build with the tag lifecycle_testnvml (the crash
+// tests' failpoint build: testnvml.go), replaces the host's NVML with
+// go-nvml's mock when the environment asks for it.
+var testNVML func(log *slog.Logger) (nvml.Interface, bool)
+
 func newGPUStack(cfg *config.Config, api *apiclient.Client, log *slog.Logger, clk clock.Clock) *gpuStack {
-	mgr, err := devices.New(devices.Config{Logger: log, Clock: clk})
+	dc := devices.Config{Logger: log, Clock: clk}
+	if testNVML != nil {
+		if lib, ok := testNVML(log); ok {
+			dc.NVML = lib
+		}
+	}
+	mgr, err := devices.New(dc)
 	if err == nil {
 		err = mgr.Init()
 	}

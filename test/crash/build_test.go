@@ -24,7 +24,8 @@ import (
 const (
 	gofailModule  = "go.etcd.io/gofail"
 	gofailVersion = "v0.2.0"
-	buildTags     = "kustomize_disable_go_plugin_support"
+	// lifecycle_testnvml: NVML may be go-nvml's mock (internal/agent/testnvml.go).
+	buildTags = "kustomize_disable_go_plugin_support,lifecycle_testnvml"
 	// recipe changes whenever the way the binary is built changes, so that
 	// a cached binary from an older recipe is not reused.
 	recipe = "failpoint-bin/3"

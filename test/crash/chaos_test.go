@@ -45,13 +45,15 @@ import (
 // (an admin's transition with a short sla, the drain held by a budget) or
 // a competing event for the same disruption group on another node, with
 // its own agent. Then it checks the invariants. CHAOS_SEED=n replays a
-// batch, CHAOS_SCHEDULES=n sets its size, CHAOS_PDB=1 puts the pods behind
-// a PodDisruptionBudget (make chaos does both).
+// batch, CHAOS_SCHEDULES=n sets its size, CHAOS_DRIVERS=a,b limits the
+// drivers, CHAOS_PDB=1 puts the pods behind a PodDisruptionBudget (make
+// chaos does both).
 //
-// Not in the schedules: gpu-reset (the agent binary has no NVML mock; its
-// crash and abort paths are tested in-process on go-nvml's mock, in
-// internal/drivers and test/e2e) and shutdown (a logind signal, tested
-// with the test logind in test/e2e and for real in test/vm).
+// gpu-reset runs on go-nvml's mock of a DGX H100 (the failpoint build has
+// the tag lifecycle_testnvml; LIFECYCLE_AGENT_TEST_NVML=dgxh100), one GPU
+// at a time; simulate mode journals the reset and logs it, and does not
+// perform it. Not in the schedules: the shutdown driver (a logind signal:
+// tested with the test logind in test/e2e and for real in test/vm).
 
 type faultKind string
 
@@ -63,15 +65,18 @@ const (
 	faultPanic   faultKind = "panic"    // a failpoint armed to panic for dur, then restarted
 	faultTwin    faultKind = "twin"     // a second agent, same node name, other journal, for dur
 	settleBound            = 200 * time.Second
-	chaosDrivers           = "drain,uncordon,reboot,os-upgrade,chaos-flash"
+	chaosDrivers           = "drain,uncordon,reboot,os-upgrade,chaos-flash,gpu-reset"
 )
 
 // panicsFired counts the armed failpoints that were reached.
 var panicsFired atomic.Int64
 
 // chaosConfig adds an os-upgrade profile and an exec driver to the agents'
-// config; under host.mode=simulate their commands are logged, not run.
-const chaosConfig = agentConfig + `osUpgrade:
+// config (under host.mode=simulate their commands are logged, not run),
+// and resets GPUs through NVML (no nvidia-smi here; simulated anyway).
+const chaosConfig = agentConfig + `gpu:
+  resetMethod: nvml
+osUpgrade:
   profiles:
     chaos:
       command: [/bin/echo, chaos-upgrade]
@@ -94,6 +99,7 @@ const (
 	logReboot    = "simulated reboot (nothing rebooted)"
 	logTransient = "simulated transient unit (nothing run)"
 	logCommand   = "simulated command (nothing run)"
+	logGPUReset  = `msg="resetting GPUs"`
 )
 
 type fault struct {
@@ -144,8 +150,7 @@ func (s schedule) String() string {
 // disruptive drivers have steps that take a disruption slot.
 func disruptive(driver string) bool { return driver != "uncordon" }
 
-func newSchedule(rng *rand.Rand, i int, failpoints []string) schedule {
-	drv := strings.Split(chaosDrivers, ",")
+func newSchedule(rng *rand.Rand, i int, drv, failpoints []string) schedule {
 	s := schedule{i: i, driver: drv[rng.IntN(len(drv))]}
 	if s.driver == "drain" && rng.IntN(4) == 0 {
 		s.sla = time.Duration(3+rng.IntN(6)) * time.Second
@@ -195,11 +200,20 @@ func TestChaos(t *testing.T) {
 		n = v
 	}
 	pdb := os.Getenv("CHAOS_PDB") == "1"
+	drivers := strings.Split(chaosDrivers, ",")
+	if s := os.Getenv("CHAOS_DRIVERS"); s != "" {
+		drivers = strings.Split(s, ",")
+		for _, d := range drivers {
+			if !slices.Contains(strings.Split(chaosDrivers, ","), d) {
+				t.Fatalf("CHAOS_DRIVERS=%q: %q is not one of %s", s, d, chaosDrivers)
+			}
+		}
+	}
 	t.Logf("chaos: %d schedules, seed %d (CHAOS_SEED=%d replays them), PodDisruptionBudget %v", n, seed, seed, pdb)
 	rng := rand.New(rand.NewPCG(seed, 0xc4a05))
 	var scheds []schedule
 	for i := range n {
-		scheds = append(scheds, newSchedule(rng, i, agentFP.Failpoints))
+		scheds = append(scheds, newSchedule(rng, i, drivers, agentFP.Failpoints))
 	}
 	kinds := map[faultKind]int{}
 	var mu sync.Mutex
@@ -373,6 +387,9 @@ func runSchedule(t *testing.T, s schedule, pdb bool) {
 	t.Cleanup(proxy.Close)
 	c := chaosCase(t, node, "chaos-"+node, chaosConfig, proxy.Config(env.NodeConfig(node)))
 	c.kubelet = kubelet
+	if s.driver == "gpu-reset" {
+		c.extraEnv = append(c.extraEnv, "LIFECYCLE_AGENT_TEST_NVML=dgxh100")
+	}
 	lc, err := apiclient.NewLifecycleClients(admin)
 	if err != nil {
 		t.Fatal(err)
@@ -430,8 +447,11 @@ func runSchedule(t *testing.T, s schedule, pdb bool) {
 	}
 	ev := &v1alpha1.LifecycleEvent{ObjectMeta: metav1.ObjectMeta{Name: c.event},
 		Spec: v1alpha1.LifecycleEventSpec{TransitionName: tn, BindingNode: node, Disruption: budget}}
-	if s.driver == "os-upgrade" {
+	switch s.driver {
+	case "os-upgrade":
 		ev.Spec.Parameters = map[string]string{"profile": "chaos"}
+	case "gpu-reset":
+		ev.Spec.Parameters = map[string]string{"gpus": "0"}
 	}
 	if _, err := lc.Events.Create(ctx, ev, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -502,6 +522,7 @@ func runSchedule(t *testing.T, s schedule, pdb bool) {
 				return rec.claimed() || deleted
 			})
 			tw := chaosCase(t, node, c.event, chaosConfig, proxy.Config(env.NodeConfig(node)))
+			tw.extraEnv = c.extraEnv
 			ta := tw.start(t, "")
 			time.Sleep(f.dur)
 			if err := ta.stop(20 * time.Second); err != nil {
@@ -574,6 +595,7 @@ func runSchedule(t *testing.T, s schedule, pdb bool) {
 		"upgrade": len(actionTimes(logs, logTransient, "chaos-upgrade")),
 		"flash":   len(actionTimes(logs, logCommand, "chaos-flash-1")),
 		"verify":  len(actionTimes(logs, logCommand, "chaos-flash-2")),
+		"reset":   len(actionTimes(logs, logGPUReset, "")),
 	}
 	for step, n := range runs {
 		if n > 1+crashes {
@@ -588,7 +610,7 @@ func runSchedule(t *testing.T, s schedule, pdb bool) {
 				t.Errorf("an eviction accepted at %s, %s after the cancel", at.Format(time.RFC3339Nano), at.Sub(cancelledAlive).Round(time.Millisecond))
 			}
 		}
-		for _, marker := range []string{logReboot, logTransient, logCommand} {
+		for _, marker := range []string{logReboot, logTransient, logCommand, logGPUReset} {
 			for _, at := range actionTimes(logs, marker, "") {
 				if at.After(cancelledAlive.Add(2 * time.Second)) {
 					t.Errorf("%q at %s, %s after the cancel", marker, at.Format(time.RFC3339Nano), at.Sub(cancelledAlive).Round(time.Millisecond))
@@ -735,8 +757,13 @@ func armPanic(t *testing.T, a *agentProc, fp string, d time.Duration) bool {
 	return false
 }
 
+// preSlotSteps are steps that come before a driver's first disruptive one
+// and take no slot (drivers' Plan: Disruptive false): gpu-reset resolves
+// its GPUs first.
+var preSlotSteps = map[string]bool{"check-gpus": true}
+
 // window is the time an event of node spent inside its steps: from the
-// intent of its first step to the last step record (done, failed, or an
+// intent of its first disruptive step to the last step record (done, failed, or an
 // abort's). Its end status, finalizer and Leases come after; the journal's
 // move to history can come much later still (a crash just before it
 // replays it at the next start), so it is not the end.
@@ -755,17 +782,20 @@ func (w window) overlaps(o window) bool { return w.from.Before(o.to) && o.from.B
 func disruptedWindows(doc *journal.ExportDoc, node string) []window {
 	var out []window
 	for _, h := range doc.History {
-		if len(h.Steps) == 0 {
-			continue // never started a step
-		}
-		w := window{node: node, event: h.Event.Name, from: h.Steps[0].At, to: h.Steps[0].At}
+		w := window{node: node, event: h.Event.Name}
 		for _, st := range h.Steps {
-			if st.At.Before(w.from) {
+			if preSlotSteps[st.Step] {
+				continue
+			}
+			if w.from.IsZero() || st.At.Before(w.from) {
 				w.from = st.At
 			}
 			if st.At.After(w.to) {
 				w.to = st.At
 			}
+		}
+		if w.from.IsZero() {
+			continue // never started a disruptive step
 		}
 		out = append(out, w)
 	}
