@@ -304,11 +304,15 @@ const Finalizer = "lifecycle.x-k8s.io/agent"
 // AnnotationCordonedBy on a Node records that the agent owns the cordon.
 const AnnotationCordonedBy = "lifecycle.x-k8s.io/cordoned-by"
 
-// Node condition types written by the agent.
+// Node condition types written by the agent: LifecycleTransition (the
+// LifecycleEvent proposal), the five Node Lifecycle Conditions of KEP-5683
+// as merged (the same strings as k8s.io/api core/v1's NodeDrainInProgress
+// … constants; untyped here, checked by a test), and GPUHealthy (ours).
 const (
 	NodeConditionLifecycleTransition            = "LifecycleTransition"
 	NodeConditionDrainInProgress                = "DrainInProgress"
 	NodeConditionDrained                        = "Drained"
+	NodeConditionMaintenancePlanned             = "MaintenancePlanned"
 	NodeConditionMaintenanceInProgress          = "MaintenanceInProgress"
 	NodeConditionGracefulNodeShutdownInProgress = "GracefulNodeShutdownInProgress"
 	NodeConditionGPUHealthy                     = "GPUHealthy"

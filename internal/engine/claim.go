@@ -126,9 +126,10 @@ func (e *Engine) claim(ctx context.Context, cached *v1alpha1.LifecycleEvent) (*a
 		a.status = v1alpha1.LifecycleEventStatus{
 			ClaimStatus: v1alpha1.LifecycleEventClaimed,
 			Sla:         deadline,
-			Driver:      v1alpha1.LifecycleDriverStatus{Name: d.Name(), Start: d.Start(), End: d.End()},
-			Holder:      &v1alpha1.Holder{Identity: e.cfg.Identity, BootID: e.cfg.Host.BootID(), ClaimTime: &t, RenewTime: &t},
-			Message:     "claimed by " + e.cfg.Identity,
+			// The admin's state names, from the transition (DESIGN §2).
+			Driver:  v1alpha1.LifecycleDriverStatus{Name: d.Name(), Start: string(lt.Spec.Start), End: string(lt.Spec.End)},
+			Holder:  &v1alpha1.Holder{Identity: e.cfg.Identity, BootID: e.cfg.Host.BootID(), ClaimTime: &t, RenewTime: &t},
+			Message: "claimed by " + e.cfg.Identity,
 		}
 		for _, s := range steps {
 			a.status.Steps = append(a.status.Steps, v1alpha1.StepStatus{Name: s.Name, State: v1alpha1.StepPending})
@@ -155,8 +156,8 @@ func (e *Engine) claim(ctx context.Context, cached *v1alpha1.LifecycleEvent) (*a
 		// before the snapshot leaves it queued; the event, Claimed by us,
 		// is adopted at the next start and ends it.)
 		if planErr == nil {
-			e.pushNode(a, d.Start(), corev1.ConditionTrue, false)
-			a.nodeStarted = true
+			a.ev = ev
+			e.pushNode(a, conditionEndNone)
 		}
 	}
 	// Finalizer before any side effect.
@@ -166,7 +167,7 @@ func (e *Engine) claim(ctx context.Context, cached *v1alpha1.LifecycleEvent) (*a
 			// Deleted right after our claim: nothing was done; take back
 			// the Node condition and the node Lease the claim set.
 			if a.nodeStarted {
-				_ = e.pushNode(a, "Cancelled", corev1.ConditionFalse, true)
+				_ = e.pushNode(a, conditionEndCancl)
 			}
 			if rerr := e.cfg.API.ReleaseNodeLease(ctx, e.cfg.Identity); rerr != nil {
 				e.log.Warn("releasing the node lease of a deleted event failed", "event", ev.Name, "err", rerr)

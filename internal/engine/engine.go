@@ -549,38 +549,23 @@ func (e *Engine) releaseOrphan(ctx context.Context, ev *v1alpha1.LifecycleEvent,
 	if err != nil {
 		return err
 	}
+	// Every condition still True for this event (its message names it) ends.
+	var conds []apiclient.NodeCondition
 	for _, c := range node.Status.Conditions {
-		if string(c.Type) == v1alpha1.NodeConditionLifecycleTransition && c.Status == corev1.ConditionTrue && strings.Contains(c.Message, "(event "+ev.Name+")") {
-			drains := false
-			for _, s := range ev.Status.Steps {
-				drains = drains || s.Name == "evict"
+		if c.Status == corev1.ConditionTrue && strings.Contains(c.Message, "event "+ev.Name+")") || c.Status == corev1.ConditionTrue && strings.Contains(c.Message, "event "+ev.Name+" ") {
+			reason := ReasonEventCancelled
+			if string(c.Type) == v1alpha1.NodeConditionLifecycleTransition {
+				reason = conditionEndCancl
 			}
-			conds := nodeConditions(ev.Spec.TransitionName, ev.Name, "Cancelled", corev1.ConditionFalse, ev.Status.Driver.Name, drains, true)
-			if err := e.cfg.API.SetNodeConditions(ctx, now, conds...); err != nil {
-				return err
-			}
+			conds = append(conds, apiclient.NodeCondition{Type: string(c.Type), Status: corev1.ConditionFalse, Reason: reason, Message: c.Message + "; cancelled: no agent holds it"})
+		}
+	}
+	if len(conds) > 0 {
+		if err := e.cfg.API.SetNodeConditions(ctx, now, conds...); err != nil {
+			return err
 		}
 	}
 	return e.cfg.API.SetFinalizer(ctx, ev.Name, string(ev.UID), false)
-}
-
-// nodeConditions are the Node conditions for an event in a given phase.
-func nodeConditions(tn, name, reason string, status corev1.ConditionStatus, driver string, drain, done bool) []apiclient.NodeCondition {
-	msg := fmt.Sprintf("Lifecycle Transition '%s' (event %s)", tn, name)
-	conds := []apiclient.NodeCondition{{Type: v1alpha1.NodeConditionLifecycleTransition, Status: status, Reason: reason, Message: msg}}
-	if drain {
-		inProgress := corev1.ConditionTrue
-		if done {
-			inProgress = corev1.ConditionFalse
-		}
-		conds = append(conds, apiclient.NodeCondition{Type: v1alpha1.NodeConditionDrainInProgress, Status: inProgress, Reason: reason, Message: msg})
-		drained := corev1.ConditionFalse
-		if done && reason != "Failed" && reason != "SlaExpired" && reason != "Cancelled" {
-			drained = corev1.ConditionTrue
-		}
-		conds = append(conds, apiclient.NodeCondition{Type: v1alpha1.NodeConditionDrained, Status: drained, Reason: reason, Message: msg})
-	}
-	return conds
 }
 
 var (

@@ -29,9 +29,10 @@ type active struct {
 	deadline      time.Time
 	slot          string
 	jstate        journal.EventState
-	failNow       error // refuse before the first step (bad parameters)
-	nodeStarted   bool  // the Node condition "in progress" is queued
-	resumed       bool  // from the journal after a restart (not claimed by this process)
+	failNow       error  // refuse before the first step (bad parameters)
+	nodeStarted   bool   // the Node condition "in progress" is queued
+	lastNode      string // the Node conditions last queued (pushNode)
+	resumed       bool   // from the journal after a restart (not claimed by this process)
 	// outcome is journaled (attrs) when the abort or the finish begins.
 	outcome    journal.Outcome
 	outcomeMsg string
@@ -40,6 +41,7 @@ type active struct {
 	cancelErr  error
 	cancelStep context.CancelFunc
 	confirmed  bool // a read since the start showed the event alive
+	waiting    bool // waiting for a disruption slot
 
 	// statusMu guards status against steps' Progress calls (from other
 	// goroutines) and status readers; the engine's own goroutine writes it
@@ -69,6 +71,18 @@ func (a *active) setSlot(s string) {
 	a.mu.Lock()
 	a.slot = s
 	a.mu.Unlock()
+}
+
+func (a *active) waitingSlot() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.waiting
+}
+
+func (a *active) setWaiting(w bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.waiting = w
 }
 
 func (a *active) cancelled() error {
@@ -136,7 +150,7 @@ func (e *Engine) execute(ctx context.Context, a *active) {
 	// Node condition: the transition is in progress (a fresh claim already
 	// queued it, see claim).
 	if !a.nodeStarted {
-		e.pushNode(a, a.driver.Start(), corev1.ConditionTrue, false)
+		e.pushNode(a, conditionEndNone)
 	}
 	outcome, msg := e.runSteps(ctx, a)
 	if ctx.Err() != nil {
@@ -255,7 +269,7 @@ func (e *Engine) runSteps(ctx context.Context, a *active) (journal.Outcome, stri
 			return journal.OutcomeFailed, msg
 		}
 	}
-	return journal.OutcomeSucceeded, fmt.Sprintf("transition %s → %s complete", a.driver.Start(), a.driver.End())
+	return journal.OutcomeSucceeded, fmt.Sprintf("transition %s → %s complete", a.status.Driver.Start, a.status.Driver.End)
 }
 
 func backoff(attempt int) time.Duration {
@@ -307,6 +321,7 @@ func (e *Engine) runStep(ctx context.Context, a *active, i, attempt int, rt *ste
 	a.status.CurrentStep = s.Name
 	setCond(&a.status, v1alpha1.ConditionProgressing, metav1.ConditionTrue, "StepRunning", "running step "+s.Name, now)
 	e.pushStatus(a)
+	e.pushNode(a, conditionEndNone) // MaintenanceInProgress from the first disruptive step on
 	e.setState(fmt.Sprintf("event %s: step %s", a.name, s.Name), "event", a.name, "step", s.Name)
 
 	stepCtx, cancel := context.WithCancel(ctx)
@@ -342,6 +357,7 @@ func (e *Engine) stepDone(a *active, i, attempt int, msg string) error {
 	if msg != "" {
 		st.Message = msg
 	}
+	e.pushNode(a, conditionEndNone) // DrainInProgress and Drained once wait-empty is done
 	// No status write of its own: what comes next always writes one that
 	// carries this step's Done — the next step's Running, the wait for a
 	// disruption slot, or the end state — so a step costs one status write
@@ -452,7 +468,7 @@ func (e *Engine) finish(ctx context.Context, a *active, outcome journal.Outcome,
 	cs, reason := v1alpha1.LifecycleEventFailed, "Failed"
 	switch outcome {
 	case journal.OutcomeSucceeded:
-		cs, reason = v1alpha1.LifecycleEventSucceeded, a.driver.End()
+		cs, reason = v1alpha1.LifecycleEventSucceeded, a.status.Driver.End
 	case journal.OutcomeSlaExpired:
 		cs, reason = v1alpha1.LifecycleEventSlaExpired, "SlaExpired"
 	}
@@ -473,7 +489,7 @@ func (e *Engine) finish(ctx context.Context, a *active, outcome journal.Outcome,
 			if err := e.snapshot(a, journal.EventFinishing); err != nil {
 				return err
 			}
-			if err := e.pushNode(a, reason, corev1.ConditionFalse, true); err != nil {
+			if err := e.pushNode(a, endFor(outcome)); err != nil {
 				return err
 			}
 			return e.pushStatus(a)
@@ -574,19 +590,23 @@ func (e *Engine) waitSlot(ctx context.Context, a *active) error {
 		slot, err := e.cfg.API.AcquireSlot(ctx, d.Group, int(d.MaxConcurrent), h, e.cfg.Clock.Now())
 		if err == nil {
 			a.setSlot(slot)
+			a.setWaiting(false)
 			if err := e.snapshot(a, journal.EventRunning); err != nil {
 				return err
 			}
 			setCond(&a.status, v1alpha1.ConditionWaitingForDisruptionBudget, metav1.ConditionFalse, "SlotHeld", "holding "+slot, e.cfg.Clock.Now())
 			e.pushStatus(a)
+			e.pushNode(a, conditionEndNone)
 			return nil
 		}
 		if !waiting {
 			waiting = true
+			a.setWaiting(true)
 			msg := fmt.Sprintf("waiting for one of %d disruption slots of group %s", d.MaxConcurrent, d.Group)
 			setCond(&a.status, v1alpha1.ConditionWaitingForDisruptionBudget, metav1.ConditionTrue, "AllSlotsTaken", msg, e.cfg.Clock.Now())
 			a.status.Message = msg
 			e.pushStatus(a)
+			e.pushNode(a, conditionEndNone) // MaintenancePlanned
 			e.setState(fmt.Sprintf("event %s: waiting for a disruption slot (%s)", a.name, d.Group))
 		}
 		if err := e.gate(ctx, a); err != nil {
@@ -691,23 +711,6 @@ func (e *Engine) pushStatus(a *active) error {
 	raw, _ := json.Marshal(a.status)
 	a.statusMu.Unlock()
 	_, err := e.cfg.Journal.OutboxPush(journal.OutboxEntry{UID: a.uid, Kind: journal.OutboxEventStatus, Payload: raw})
-	if err != nil {
-		e.log.Error("outbox push", "event", a.name, "err", err)
-	}
-	poke(e.flushWake)
-	return err
-}
-
-func (e *Engine) pushNode(a *active, reason string, status corev1.ConditionStatus, done bool) error {
-	drains := false
-	for _, s := range a.steps {
-		if s.Name == "evict" {
-			drains = true
-		}
-	}
-	conds := nodeConditions(a.tn, a.name, reason, status, a.driver.Name(), drains, done)
-	raw, _ := json.Marshal(nodePayload{Conditions: conds})
-	_, err := e.cfg.Journal.OutboxPush(journal.OutboxEntry{UID: a.uid, Kind: journal.OutboxNodeCondition, Payload: raw})
 	if err != nil {
 		e.log.Error("outbox push", "event", a.name, "err", err)
 	}

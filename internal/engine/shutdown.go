@@ -30,7 +30,16 @@ func (e *Engine) shutdownUID(bootID string) string { return "local-shutdown-" + 
 // event owns the LifecycleTransition condition: only
 // GracefulNodeShutdownInProgress is written.
 func (e *Engine) shutdownConditions(reason string, status corev1.ConditionStatus, inProgress corev1.ConditionStatus, msg string, eventOwnsLT bool) []apiclient.NodeCondition {
-	conds := []apiclient.NodeCondition{{Type: v1alpha1.NodeConditionGracefulNodeShutdownInProgress, Status: inProgress, Reason: reason, Message: msg}}
+	// GracefulNodeShutdownInProgress says why (KEP-5683: a cause, not the
+	// state): logind's shutdown, the boot after it, or logind's cancel.
+	gns := ReasonNodeStarted
+	switch {
+	case inProgress == corev1.ConditionTrue:
+		gns = ReasonNodeShutdown
+	case reason == "ShutdownCancelled":
+		gns = ReasonShutdownCancelled
+	}
+	conds := []apiclient.NodeCondition{{Type: v1alpha1.NodeConditionGracefulNodeShutdownInProgress, Status: inProgress, Reason: gns, Message: msg}}
 	if !eventOwnsLT {
 		conds = append(conds, apiclient.NodeCondition{Type: v1alpha1.NodeConditionLifecycleTransition, Status: status, Reason: reason, Message: msg})
 	}

@@ -23,7 +23,10 @@ func TestMain(m *testing.M) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	var err error
-	env, err = testenv.Start(ctx, testenv.Options{Log: os.Stderr, ControllerManager: true})
+	env, err = testenv.Start(ctx, testenv.Options{Log: os.Stderr, ControllerManager: true,
+		// KEP-5683's gate on (alpha, off by default): test/crash and test/vm
+		// run with it off; the agent behaves the same (docs/conditions.md).
+		FeatureGates: "NodeLifecycleConditions=true"})
 	if err == nil {
 		err = env.InstallManifests(ctx)
 	}

@@ -38,6 +38,9 @@ type Options struct {
 	// Metadata, stage ResponseComplete) of every pod create and delete and
 	// every eviction (pods/eviction create), at AuditLogPath.
 	AuditLog bool
+	// FeatureGates is passed as --feature-gates to kube-apiserver and
+	// kube-controller-manager, e.g. "NodeLifecycleConditions=true".
+	FeatureGates string
 }
 
 // Env is a running control plane.
@@ -208,6 +211,9 @@ func Start(ctx context.Context, opts Options) (_ *Env, err error) {
 		apiArgs = append(apiArgs, "--audit-policy-file", policy, "--audit-log-path", e.auditLog,
 			"--audit-log-format", "json", "--audit-log-mode", "blocking", "--audit-log-maxsize", "0")
 	}
+	if opts.FeatureGates != "" {
+		apiArgs = append(apiArgs, "--feature-gates", opts.FeatureGates)
+	}
 	if err := e.start(ctx, "kube-apiserver", filepath.Join(bin, "kube-apiserver"), apiArgs...); err != nil {
 		return nil, err
 	}
@@ -225,13 +231,16 @@ func Start(ctx context.Context, opts Options) (_ *Env, err error) {
 		if err := WriteKubeconfig(kc, &rest.Config{Host: e.URL, TLSClientConfig: rest.TLSClientConfig{CAData: e.pki.caPEM, CertData: cert, KeyData: key}}); err != nil {
 			return nil, err
 		}
-		if err := e.start(ctx, "kube-controller-manager", filepath.Join(bin, "kube-controller-manager"),
-			"--kubeconfig", kc, "--leader-elect=false",
+		kcmArgs := []string{"--kubeconfig", kc, "--leader-elect=false",
 			"--controllers", "disruption,garbagecollector,namespace,serviceaccount,serviceaccount-token,replicaset",
 			"--service-account-private-key-file", filepath.Join(pk, "sa.key"),
 			"--root-ca-file", filepath.Join(pk, "ca.crt"),
 			"--use-service-account-credentials=true",
-			"--bind-address", "127.0.0.1", "--secure-port", "0"); err != nil {
+			"--bind-address", "127.0.0.1", "--secure-port", "0"}
+		if opts.FeatureGates != "" {
+			kcmArgs = append(kcmArgs, "--feature-gates", opts.FeatureGates)
+		}
+		if err := e.start(ctx, "kube-controller-manager", filepath.Join(bin, "kube-controller-manager"), kcmArgs...); err != nil {
 			return nil, err
 		}
 	}

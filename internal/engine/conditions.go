@@ -1,0 +1,226 @@
+package engine
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/lifecycle-agent/lifecycle-agent/api/v1alpha1"
+	"github.com/lifecycle-agent/lifecycle-agent/internal/apiclient"
+	"github.com/lifecycle-agent/lifecycle-agent/internal/journal"
+)
+
+// Node conditions (docs/conditions.md). Two kinds are written:
+//
+//   - LifecycleTransition, from the LifecycleEvent proposal: True while an
+//     event runs, reason the transition's start state; at the end False with
+//     the end state, Failed, SlaExpired or Cancelled.
+//   - The Node Lifecycle Conditions of KEP-5683 as merged (k8s.io/api
+//     core/v1 constants): DrainInProgress, Drained, MaintenancePlanned,
+//     MaintenanceInProgress, GracefulNodeShutdownInProgress. There the type
+//     is the state, the status says whether it is active, and the reason is
+//     a cause category from the vocabulary below — never a state name.
+//
+// Every condition an event writes is computed from the event's status (its
+// steps) and written whole, through the outbox, whenever it changes: a
+// replay computes the same set again.
+
+// Reasons: what caused a condition's status.
+const (
+	// An event created through the API (an admin, a rollout, a controller).
+	ReasonAdminRequested = "AdminRequested"
+	// An event created by `lifecycle-agent request` on the node (a local
+	// provisioning pipeline).
+	ReasonLocalRequest = "LocalRequest"
+	// An event created by the agent's GPU health monitor (gpu.autoRemediate).
+	ReasonGPURemediation = "GPURemediation"
+	// logind announced a shutdown (the shutdown driver).
+	ReasonNodeShutdown = "NodeShutdown"
+	// A drain's criteria were met: the node holds no evictable pod.
+	ReasonDrainCompleted = "DrainCompleted"
+	// A drain ended (failed, cancelled, deadline) before its criteria were met.
+	ReasonDrainIncomplete = "DrainIncomplete"
+	// Our uncordon (the uncordon driver, the end of a reboot or upgrade)
+	// put the node back in service.
+	ReasonReturnedToService = "ReturnedToService"
+	// The maintenance a queued event planned has started (MaintenancePlanned False).
+	ReasonMaintenanceStarted = "MaintenanceStarted"
+	// The event's disruptive work ended successfully.
+	ReasonMaintenanceCompleted = "MaintenanceCompleted"
+	// The event ended Failed, was cancelled (deleted), or ran out of its sla.
+	ReasonEventFailed      = "EventFailed"
+	ReasonEventCancelled   = "EventCancelled"
+	ReasonDeadlineExceeded = "DeadlineExceeded"
+	// The node started again after a shutdown; a shutdown logind cancelled.
+	ReasonNodeStarted       = "NodeStarted"
+	ReasonShutdownCancelled = "ShutdownCancelled"
+)
+
+// Values of the label lifecycle.x-k8s.io/requested-by on events the agent
+// itself creates.
+const (
+	labelRequestedBy  = "lifecycle.x-k8s.io/requested-by"
+	requestedLocal    = "local"      // engine.Request
+	requestedGPUHeal  = "gpu-health" // gpuhealth.RequestedBy
+	conditionEndNone  = ""
+	conditionEndOK    = "Succeeded"
+	conditionEndFail  = "Failed"
+	conditionEndSla   = "SlaExpired"
+	conditionEndCancl = "Cancelled"
+)
+
+// causeOf is the reason of an event's True conditions: who asked for it.
+func causeOf(ev *v1alpha1.LifecycleEvent) string {
+	if ev != nil {
+		switch ev.Labels[labelRequestedBy] {
+		case requestedLocal:
+			return ReasonLocalRequest
+		case requestedGPUHeal:
+			return ReasonGPURemediation
+		}
+	}
+	return ReasonAdminRequested
+}
+
+// endFor names an event's end for its conditions.
+func endFor(outcome journal.Outcome) string {
+	switch outcome {
+	case journal.OutcomeSucceeded:
+		return conditionEndOK
+	case journal.OutcomeSlaExpired:
+		return conditionEndSla
+	case journal.OutcomeCancelled:
+		return conditionEndCancl
+	}
+	return conditionEndFail
+}
+
+func endCause(end string) string {
+	switch end {
+	case conditionEndSla:
+		return ReasonDeadlineExceeded
+	case conditionEndCancl:
+		return ReasonEventCancelled
+	}
+	return ReasonEventFailed
+}
+
+// drainSteps are the drain's own steps in every driver that drains; they
+// are DrainInProgress, not MaintenanceInProgress.
+func drainStep(name string) bool { return name == "cordon" || name == "evict" || name == "wait-empty" }
+
+// eventConditions are the Node conditions of event a: running (end "") or
+// ended (end: Succeeded, Failed, SlaExpired, Cancelled).
+func (a *active) eventConditions(end string) []apiclient.NodeCondition {
+	a.statusMu.Lock()
+	steps := append([]v1alpha1.StepStatus(nil), a.status.Steps...)
+	start, stop := a.status.Driver.Start, a.status.Driver.End
+	a.statusMu.Unlock()
+	if start == "" {
+		start, stop = a.driver.Start(), a.driver.End()
+	}
+	state := map[string]v1alpha1.StepState{}
+	for _, s := range steps {
+		state[s.Name] = s.State
+	}
+	_, drains := state["evict"]
+	_, uncordons := state["uncordon"]
+	done := func(n string) bool { return state[n] == v1alpha1.StepDone || state[n] == v1alpha1.StepSkipped }
+	maint, maintStarted := false, false
+	for _, s := range a.steps {
+		if s.Disruptive && !drainStep(s.Name) {
+			maint = true
+			if st, ok := state[s.Name]; ok && st != v1alpha1.StepPending {
+				maintStarted = true
+			}
+		}
+	}
+	cause := causeOf(a.ev)
+	ltMsg := fmt.Sprintf("Lifecycle Transition '%s' (event %s)", a.tn, a.name)
+	msg := func(what string) string { return fmt.Sprintf("event %s (transition %s): %s", a.name, a.tn, what) }
+	cond := func(typ string, on bool, reason, m string) apiclient.NodeCondition {
+		st := corev1.ConditionFalse
+		if on {
+			st = corev1.ConditionTrue
+		}
+		return apiclient.NodeCondition{Type: typ, Status: st, Reason: reason, Message: m}
+	}
+
+	var out []apiclient.NodeCondition
+	switch end {
+	case conditionEndNone:
+		out = append(out, cond(v1alpha1.NodeConditionLifecycleTransition, true, start, ltMsg))
+	case conditionEndOK:
+		out = append(out, cond(v1alpha1.NodeConditionLifecycleTransition, false, stop, ltMsg))
+	default:
+		out = append(out, cond(v1alpha1.NodeConditionLifecycleTransition, false, end, ltMsg))
+	}
+	if a.ev != nil && a.ev.Spec.Disruption != nil {
+		g := a.ev.Spec.Disruption.Group
+		held := a.heldSlot() != ""
+		switch {
+		case end == conditionEndNone && a.waitingSlot():
+			out = append(out, cond(v1alpha1.NodeConditionMaintenancePlanned, true, cause, msg("waiting for a disruption slot of group "+g)))
+		case held:
+			out = append(out, cond(v1alpha1.NodeConditionMaintenancePlanned, false, ReasonMaintenanceStarted, msg("holding a disruption slot of group "+g)))
+		case end != conditionEndNone:
+			// Ended without a slot (it may have waited before a restart).
+			out = append(out, cond(v1alpha1.NodeConditionMaintenancePlanned, false, endCause(end), msg("ended "+strings.ToLower(end)+" before its disruption slot")))
+		}
+	}
+	started := func(n string) bool { st, ok := state[n]; return ok && st != v1alpha1.StepPending }
+	if drains && (started("cordon") || started("evict")) {
+		criteria := done("wait-empty")
+		switch {
+		case criteria:
+			out = append(out, cond(v1alpha1.NodeConditionDrainInProgress, false, ReasonDrainCompleted, msg("drain criteria met")))
+		case end == conditionEndNone:
+			out = append(out, cond(v1alpha1.NodeConditionDrainInProgress, true, cause, msg("draining")))
+		default:
+			out = append(out, cond(v1alpha1.NodeConditionDrainInProgress, false, endCause(end), msg("drain ended "+strings.ToLower(end))))
+		}
+		switch {
+		case criteria && !done("uncordon") && (end == conditionEndNone || end == conditionEndOK && !uncordons):
+			out = append(out, cond(v1alpha1.NodeConditionDrained, true, ReasonDrainCompleted, msg("no evictable pod left on the node")))
+		case done("uncordon"):
+			out = append(out, cond(v1alpha1.NodeConditionDrained, false, ReasonReturnedToService, msg("uncordoned: back in service")))
+		default:
+			out = append(out, cond(v1alpha1.NodeConditionDrained, false, ReasonDrainIncomplete, msg("drain criteria not met")))
+		}
+	} else if !drains && uncordons && end == conditionEndOK {
+		// The uncordon driver: the node is back in service. (Failed, it
+		// leaves Drained as an earlier drain set it.)
+		out = append(out, cond(v1alpha1.NodeConditionDrained, false, ReasonReturnedToService, msg("uncordoned: back in service")))
+	}
+	if maint && maintStarted {
+		switch end {
+		case conditionEndNone:
+			out = append(out, cond(v1alpha1.NodeConditionMaintenanceInProgress, true, cause, msg("in progress")))
+		case conditionEndOK:
+			out = append(out, cond(v1alpha1.NodeConditionMaintenanceInProgress, false, ReasonMaintenanceCompleted, msg("complete")))
+		default:
+			out = append(out, cond(v1alpha1.NodeConditionMaintenanceInProgress, false, endCause(end), msg("ended "+strings.ToLower(end))))
+		}
+	}
+	return out
+}
+
+// pushNode queues event a's Node conditions (running: end "") when they
+// differ from the last ones queued.
+func (e *Engine) pushNode(a *active, end string) error {
+	conds := a.eventConditions(end)
+	raw, _ := json.Marshal(nodePayload{Conditions: conds})
+	if a.lastNode == string(raw) {
+		return nil
+	}
+	if _, err := e.cfg.Journal.OutboxPush(journal.OutboxEntry{UID: a.uid, Kind: journal.OutboxNodeCondition, Payload: raw}); err != nil {
+		e.log.Error("outbox push", "event", a.name, "err", err)
+		return err
+	}
+	a.lastNode = string(raw)
+	a.nodeStarted = true
+	poke(e.flushWake)
+	return nil
+}
