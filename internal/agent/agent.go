@@ -243,8 +243,11 @@ func Run(ctx context.Context, o Options) error {
 		}
 		defer stop()
 	}
-	if logind != nil {
+	switch {
+	case logind != nil && cfg.DriverEnabled(config.DriverShutdown, false, false):
 		hooks.guard = startShutdownGuard(ctx, cfg, logind, eng, log)
+	case logind != nil:
+		log.Warn("the shutdown driver is off (drivers.shutdown.enabled=false): no delay lock is held, a shutdown is not handled")
 	}
 	if gpu != nil {
 		gpu.startMonitor(ctx, cfg, api, hostOps.BootID(), reg, log, clk)

@@ -13,9 +13,9 @@ import (
 // per exec driver of the local config. The shutdown driver is not among
 // them: logind starts it, nothing claims it (see engine.PrepareShutdown).
 func builtinDrivers(cfg *config.Config, log *slog.Logger, clk clock.Clock, nvml bool) []drivers.Driver {
-	rc := drivers.RebootConfig{ReadyTimeout: cfg.Reboot.ReadyTimeout, DrainRetryDelay: cfg.Drain.EvictRetryDelay, Clock: clk}
+	rc := drivers.RebootConfig{ReadyTimeout: cfg.Reboot.ReadyTimeout, DrainRetryDelay: cfg.Drain.EvictRetryDelay, DrainTimeout: cfg.Drain.Timeout, Clock: clk}
 	all := []drivers.Driver{
-		drivers.Drain{RetryDelay: cfg.Drain.EvictRetryDelay},
+		drivers.Drain{RetryDelay: cfg.Drain.EvictRetryDelay, Timeout: cfg.Drain.Timeout},
 		drivers.Uncordon{},
 		drivers.Reboot{RebootConfig: rc},
 		drivers.OSUpgrade{RebootConfig: rc, Profiles: cfg.OSUpgrade.Profiles},

@@ -52,7 +52,7 @@ func newGPUStack(cfg *config.Config, api *apiclient.Client, log *slog.Logger, cl
 	}
 	method, _ := devices.ParseResetMethod(cfg.GPU.ResetMethod)
 	g := &gpuStack{mgr: mgr}
-	g.driver = drivers.GPUReset{Devices: mgr, Method: method, Services: cfg.GPU.Services, RetryDelay: cfg.Drain.EvictRetryDelay, Log: log,
+	g.driver = drivers.GPUReset{Devices: mgr, Method: method, Services: cfg.GPU.Services, RetryDelay: cfg.Drain.EvictRetryDelay, DrainTimeout: cfg.Drain.Timeout, Log: log,
 		// The GPU Operator's DaemonSet pods on this node (gpu.operator.*).
 		Operator: api, OperatorComponents: cfg.GPU.Operator.Components, OperatorLabelPrefix: cfg.GPU.Operator.LabelPrefix,
 		OperatorPausedValue: cfg.GPU.Operator.PausedValue, OperatorPodTimeout: cfg.GPU.Operator.PodTimeout,

@@ -28,6 +28,8 @@ type DrainOptions struct {
 	// RetryDelay between evictions refused by a PodDisruptionBudget
 	// (kubectl's CLI uses 5 s; the library's 0 is a hot loop).
 	RetryDelay time.Duration
+	// Timeout bounds the evictions (kubectl's --timeout); 0: none.
+	Timeout time.Duration
 	// OnBlocked is called when an eviction is refused, with a message that
 	// names the pod and the PodDisruptionBudget.
 	OnBlocked func(msg string)
@@ -61,6 +63,7 @@ func (c *Client) Drain(ctx context.Context, o DrainOptions) (DrainResult, error)
 		DeleteEmptyDirData:   o.DeleteEmptyDirData,
 		PodSelector:          o.PodSelector,
 		EvictErrorRetryDelay: o.RetryDelay,
+		Timeout:              o.Timeout,
 		Out:                  &lockedWriter{w: &out, mu: &mu},
 		ErrOut:               &blockedWriter{w: &errOut, mu: &mu, c: c, on: o.OnBlocked},
 		OnPodDeletionOrEvictionFinished: func(p *corev1.Pod, _ bool, err error) {
@@ -75,10 +78,14 @@ func (c *Client) Drain(ctx context.Context, o DrainOptions) (DrainResult, error)
 			}
 		},
 	}
+	// The sooner of drain.timeout and the step's deadline (the sla).
 	if dl, ok := ctx.Deadline(); ok {
-		h.Timeout = time.Until(dl)
-		if h.Timeout <= 0 {
+		left := time.Until(dl)
+		if left <= 0 {
 			return res, context.DeadlineExceeded
+		}
+		if h.Timeout == 0 || left < h.Timeout {
+			h.Timeout = left
 		}
 	}
 	list, errs := h.GetPodsForDeletion(c.Node)

@@ -380,6 +380,16 @@ func TestInvalid(t *testing.T) {
 			want: `config: FILE:3: key exec.drivers[0].name: "lifecycle-agent.x-k8s.io/reboot" is a built-in driver; choose another name`,
 		},
 		{
+			name: "exec driver shadows a built-in's transition from another domain",
+			file: execDriver("name: example.com/drain", "start: A", "end: B"),
+			want: `config: FILE:3: key exec.drivers[0].name: "example.com/drain" would publish its transition as <node>-drain, the built-in drain driver's; choose another name`,
+		},
+		{
+			name: "two exec drivers with one short name",
+			file: "exec:\n  drivers:\n    - name: a.example.com/fw\n      start: A\n      end: B\n      steps:\n        - name: s\n          command: [/bin/true]\n    - name: b.example.com/fw\n      start: A\n      end: B\n      steps:\n        - name: s\n          command: [/bin/true]\n",
+			want: `config: FILE:9: key exec.drivers[1].name: driver "b.example.com/fw" has the short name "fw" of the driver at line 3: both would publish the transition <node>-fw`,
+		},
+		{
 			name: "exec driver same start and end",
 			file: execDriver("name: fw", "start: A", "end: A"),
 			want: `config: FILE:5: key exec.drivers[0].end: must differ from start (A)`,

@@ -391,17 +391,28 @@ func decodeExecDrivers(d *fileDecoder, n *yaml.Node, at string) error {
 			return &Error{Source: d.at(lines["end"]), Key: iat + ".end", Msg: fmt.Sprintf("must differ from start (%s)", e.Start)}
 		}
 		full := e.FullName()
+		// The transition is <node>-<short name>: a short name a built-in
+		// driver (or another exec driver) has would publish over it.
+		short := full[strings.LastIndex(full, "/")+1:]
 		for _, b := range builtinDrivers {
-			if full == DriverPrefix+b {
+			switch {
+			case full == DriverPrefix+b:
 				return &Error{Source: d.at(lines["name"]), Key: iat + ".name",
 					Msg: fmt.Sprintf("%q is a built-in driver; choose another name", full)}
+			case short == b:
+				return &Error{Source: d.at(lines["name"]), Key: iat + ".name",
+					Msg: fmt.Sprintf("%q would publish its transition as <node>-%s, the built-in %s driver's; choose another name", full, short, b)}
 			}
 		}
 		if first, dup := seen[full]; dup {
 			return &Error{Source: d.at(lines["name"]), Key: iat + ".name",
 				Msg: fmt.Sprintf("driver %q is defined twice (first at line %d)", full, first)}
 		}
-		seen[full] = lines["name"]
+		if first, dup := seen["/"+short]; dup {
+			return &Error{Source: d.at(lines["name"]), Key: iat + ".name",
+				Msg: fmt.Sprintf("driver %q has the short name %q of the driver at line %d: both would publish the transition <node>-%s", full, short, first, short)}
+		}
+		seen[full], seen["/"+short] = lines["name"], lines["name"]
 		drivers = append(drivers, e)
 	}
 	d.exec.Drivers = drivers

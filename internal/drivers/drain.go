@@ -19,6 +19,14 @@ import (
 type Drain struct {
 	// RetryDelay between PDB-refused evictions.
 	RetryDelay time.Duration
+	// Timeout bounds the evictions (config drain.timeout); 0: none but the sla.
+	Timeout time.Duration
+}
+
+// DrainTiming is the config's drain.evictRetryDelay and drain.timeout.
+type DrainTiming struct {
+	RetryDelay time.Duration
+	Timeout    time.Duration // 0: no limit of its own
 }
 
 func (Drain) Name() string       { return Prefix + "drain" }
@@ -28,13 +36,14 @@ func (Drain) End() string        { return "DrainComplete" }
 func (Drain) SLA() time.Duration { return time.Hour }
 
 // DrainOptionsFrom validates the drain parameters.
-func DrainOptionsFrom(m map[string]string, retry time.Duration, known ...string) (apiclient.DrainOptions, error) {
+func DrainOptionsFrom(m map[string]string, timing DrainTiming, known ...string) (apiclient.DrainOptions, error) {
 	p := newParams(m, append([]string{"gracePeriodSeconds", "deleteEmptyDirData", "podSelector"}, known...)...)
 	o := apiclient.DrainOptions{
 		GracePeriodSeconds: p.int("gracePeriodSeconds", -1, -1, 86400),
 		DeleteEmptyDirData: p.bool("deleteEmptyDirData", false),
 		PodSelector:        p.str("podSelector", ""),
-		RetryDelay:         retry,
+		RetryDelay:         timing.RetryDelay,
+		Timeout:            timing.Timeout,
 	}
 	if o.PodSelector != "" {
 		if _, err := labels.Parse(o.PodSelector); err != nil {
@@ -45,7 +54,7 @@ func DrainOptionsFrom(m map[string]string, retry time.Duration, known ...string)
 }
 
 func (d Drain) Plan(m map[string]string) ([]Step, error) {
-	o, err := DrainOptionsFrom(m, d.RetryDelay)
+	o, err := DrainOptionsFrom(m, DrainTiming{d.RetryDelay, d.Timeout})
 	if err != nil {
 		return nil, err
 	}

@@ -173,6 +173,8 @@ type GPUReset struct {
 	Services []string
 	// RetryDelay between PDB-refused evictions when drain=true.
 	RetryDelay time.Duration
+	// DrainTimeout bounds the drain's evictions (config drain.timeout).
+	DrainTimeout time.Duration
 	// SMITimeout bounds one nvidia-smi run; 0 means devices.DefaultSMITimeout.
 	SMITimeout time.Duration
 	// LookPath finds nvidia-smi for Method auto; nil means exec.LookPath.
@@ -293,7 +295,7 @@ func (d GPUReset) Plan(m map[string]string) ([]Step, error) {
 }
 
 func (d GPUReset) parse(m map[string]string) (*gpuResetPlan, error) {
-	o, err := DrainOptionsFrom(m, d.RetryDelay, GPUResetParamGPUs, GPUResetParamDrain)
+	o, err := DrainOptionsFrom(m, DrainTiming{d.RetryDelay, d.DrainTimeout}, GPUResetParamGPUs, GPUResetParamDrain)
 	errs := []error{err}
 	p := &gpuResetPlan{d: d, o: o}
 	if v, ok := m[GPUResetParamDrain]; ok {

@@ -246,7 +246,7 @@ func (d GPUReset) parseResolved(m map[string]string) (*gpuResetPlan, error) {
 		}
 	}
 	p := &gpuResetPlan{d: d, resolved: true}
-	o, err := DrainOptionsFrom(raw, d.RetryDelay, GPUResetParamGPUs, GPUResetParamDrain)
+	o, err := DrainOptionsFrom(raw, DrainTiming{d.RetryDelay, d.DrainTimeout}, GPUResetParamGPUs, GPUResetParamDrain)
 	if err != nil {
 		return nil, err
 	}

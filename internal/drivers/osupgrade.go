@@ -144,7 +144,7 @@ func (d OSUpgrade) profileNames() string {
 }
 
 func (d OSUpgrade) Plan(m map[string]string) ([]Step, error) {
-	o, err := DrainOptionsFrom(m, d.DrainRetryDelay, osUpgradeParams...)
+	o, err := DrainOptionsFrom(m, DrainTiming{d.DrainRetryDelay, d.DrainTimeout}, osUpgradeParams...)
 	if err != nil {
 		return nil, err
 	}

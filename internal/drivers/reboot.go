@@ -50,6 +50,8 @@ type RebootConfig struct {
 	// DrainRetryDelay is the drain's wait between PDB-refused evictions
 	// (config drain.evictRetryDelay).
 	DrainRetryDelay time.Duration
+	// DrainTimeout bounds the drain's evictions (config drain.timeout).
+	DrainTimeout time.Duration
 	// Clock times every wait; nil means the real clock. Nothing here sleeps.
 	Clock clock.Clock
 }
@@ -116,7 +118,7 @@ func (Reboot) SLA() time.Duration { return 2 * time.Hour }
 var rebootParams = []string{"drain", "waitForReady", "rebootAttempts"}
 
 func (d Reboot) Plan(m map[string]string) ([]Step, error) {
-	o, err := DrainOptionsFrom(m, d.DrainRetryDelay, rebootParams...)
+	o, err := DrainOptionsFrom(m, DrainTiming{d.DrainRetryDelay, d.DrainTimeout}, rebootParams...)
 	if err != nil {
 		return nil, err
 	}

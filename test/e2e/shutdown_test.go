@@ -4,12 +4,14 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/lifecycle-agent/lifecycle-agent/api/v1alpha1"
+	"github.com/lifecycle-agent/lifecycle-agent/internal/config"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/host/logindtest"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/hostops"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/journal"
@@ -59,7 +61,7 @@ func TestShutdownAndNextBoot(t *testing.T) {
 		t.Fatalf("the delay lock was not released after PrepareForShutdown(true): %v", err)
 	}
 	lt, gns, n := shutdownConds(t, node)
-	if lt == nil || lt.Reason != "ShuttingDown" || lt.Status != corev1.ConditionTrue || gns == nil || gns.Status != corev1.ConditionTrue {
+	if lt == nil || lt.Reason != "ShuttingDown" || lt.Status != corev1.ConditionTrue || gns == nil || gns.Status != corev1.ConditionTrue || gns.Reason != "NodeShutdown" {
 		t.Fatalf("conditions when the lock was released: LifecycleTransition=%+v GracefulNodeShutdownInProgress=%+v", lt, gns)
 	}
 	if !n.Spec.Unschedulable || n.Annotations[v1alpha1.AnnotationCordonedBy] != "shutdown" {
@@ -80,7 +82,7 @@ func TestShutdownAndNextBoot(t *testing.T) {
 	waitFor(t, "ShutdownComplete and the node uncordoned", 30*time.Second, func() bool {
 		lt, gns, n := shutdownConds(t, node)
 		return lt != nil && lt.Reason == "ShutdownComplete" && lt.Status == corev1.ConditionFalse &&
-			gns != nil && gns.Status == corev1.ConditionFalse && !n.Spec.Unschedulable
+			gns != nil && gns.Status == corev1.ConditionFalse && gns.Reason == "NodeStarted" && !n.Spec.Unschedulable
 	})
 	waitDelayLock(t, srv2)
 }
@@ -106,7 +108,7 @@ func TestShutdownCancelled(t *testing.T) {
 	waitDelayLock(t, srv)
 	waitFor(t, "the cordon reverted", 30*time.Second, func() bool {
 		lt, gns, n := shutdownConds(t, node)
-		return !n.Spec.Unschedulable && lt != nil && lt.Reason == "ShutdownCancelled" && gns != nil && gns.Status == corev1.ConditionFalse
+		return !n.Spec.Unschedulable && lt != nil && lt.Reason == "ShutdownCancelled" && gns != nil && gns.Status == corev1.ConditionFalse && gns.Reason == "ShutdownCancelled"
 	})
 }
 
@@ -162,4 +164,27 @@ func TestShutdownWhileAPIDown(t *testing.T) {
 		lt, _, n := shutdownConds(t, node)
 		return lt != nil && lt.Reason == "ShutdownComplete" && !n.Spec.Unschedulable
 	})
+}
+
+// drivers.shutdown.enabled=false: no delay lock, a shutdown is not handled.
+func TestShutdownDriverDisabled(t *testing.T) {
+	node := "shutdown-off-node"
+	newNode(t, node)
+	srv := logindtest.Start(t, logindtest.Options{InhibitDelayMax: 30 * time.Second})
+	off := false
+	a := startAgent(t, node, agentOpts{retention: time.Hour, logind: srv.Address(), configure: func(c *config.Config) { c.Drivers.Shutdown.Enabled = &off }})
+	time.Sleep(2 * time.Second)
+	if held := heldDelayLocks(srv); len(held) != 0 {
+		t.Fatalf("the disabled shutdown driver holds a delay lock: %+v", held)
+	}
+	if err := srv.EmitPrepareForShutdown(true); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2 * time.Second)
+	if _, gns, n := shutdownConds(t, node); n.Spec.Unschedulable || gns != nil {
+		t.Fatalf("the disabled shutdown driver acted: unschedulable=%v GracefulNodeShutdownInProgress=%+v", n.Spec.Unschedulable, gns)
+	}
+	if !strings.Contains(a.logBuf.String(), "drivers.shutdown.enabled=false") {
+		t.Errorf("the log does not say the shutdown driver is off:\n%s", a.logBuf.String())
+	}
 }

@@ -1,0 +1,293 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	coordv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/lifecycle-agent/lifecycle-agent/api/v1alpha1"
+	"github.com/lifecycle-agent/lifecycle-agent/internal/apiclient"
+	"github.com/lifecycle-agent/lifecycle-agent/internal/config"
+	"github.com/lifecycle-agent/lifecycle-agent/internal/drivers"
+)
+
+// lifecycleTypes are the condition types the sequence tests record.
+var lifecycleTypes = []string{
+	v1alpha1.NodeConditionLifecycleTransition, v1alpha1.NodeConditionDrainInProgress, v1alpha1.NodeConditionDrained,
+	v1alpha1.NodeConditionMaintenancePlanned, v1alpha1.NodeConditionMaintenanceInProgress,
+}
+
+// condRecorder records, from a watch on one Node, every change of its
+// lifecycle conditions as "Type=Status/Reason", in the order the API
+// server stored them.
+type condRecorder struct {
+	mu    sync.Mutex
+	seen  []string
+	group []int // seen[i] came in the group-th Node update: one patch, in no order
+	last  map[string]string
+	n     int
+}
+
+func recordConditions(t *testing.T, node string) *condRecorder {
+	t.Helper()
+	cs := kubernetes.NewForConfigOrDie(env.AdminConfig())
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	w, err := cs.CoreV1().Nodes().Watch(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", node).String()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &condRecorder{last: map[string]string{}}
+	go func() {
+		defer w.Stop()
+		for ev := range w.ResultChan() {
+			n, ok := ev.Object.(*corev1.Node)
+			if !ok {
+				continue
+			}
+			r.mu.Lock()
+			r.n++
+			for _, typ := range lifecycleTypes {
+				c := nodeCondition(n, typ)
+				if c == nil {
+					continue
+				}
+				v := fmt.Sprintf("%s=%s/%s", typ, c.Status, c.Reason)
+				if key := v + " " + c.Message; r.last[typ] != key {
+					r.last[typ] = key
+					r.seen = append(r.seen, v)
+					r.group = append(r.group, r.n)
+				}
+			}
+			r.mu.Unlock()
+		}
+	}()
+	return r
+}
+
+// mark returns the position to check from next.
+func (r *condRecorder) mark() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.seen)
+}
+
+// expect waits until the changes recorded from position from contain want
+// in that order (other changes may come between; changes of one Node
+// update may match in any order), and that none of them is in never.
+func (r *condRecorder) expect(t *testing.T, from int, want []string, never ...string) {
+	t.Helper()
+	var got []string
+	ok := false
+	deadline := time.Now().Add(20 * time.Second)
+	for !ok && time.Now().Before(deadline) {
+		r.mu.Lock()
+		got = append([]string(nil), r.seen[from:]...)
+		groups := append([]int(nil), r.group[from:]...)
+		r.mu.Unlock()
+		used := make([]bool, len(got))
+		lastGroup, i := 0, 0
+		for ; i < len(want); i++ {
+			found := false
+			for j, g := range got {
+				if !used[j] && groups[j] >= lastGroup && g == want[i] {
+					used[j], lastGroup, found = true, groups[j], true
+					break
+				}
+			}
+			if !found {
+				break
+			}
+		}
+		ok = i == len(want)
+		if !ok {
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	if !ok {
+		t.Fatalf("Node conditions changed\n  %s\nwant, in this order,\n  %s", strings.Join(got, "\n  "), strings.Join(want, "\n  "))
+	}
+	for _, g := range got {
+		for _, n := range never {
+			if strings.HasPrefix(g, n) {
+				t.Errorf("Node condition %s written; never expected %s here:\n  %s", g, n, strings.Join(got, "\n  "))
+			}
+		}
+	}
+}
+
+// The Node Lifecycle Conditions (KEP-5683 as merged) and the proposal's
+// LifecycleTransition, per driver, in the order the API server stored
+// them: the type is the state, the status whether it is active, the reason
+// the cause (docs/conditions.md) — never a state name.
+func TestNodeConditionSequences(t *testing.T) {
+	node, spare := "cond-node", "cond-spare"
+	newNode(t, node)
+	newNode(t, spare)
+	startWorkload(t, "cond-ns", node, spare, 2, 1)
+	rec := recordConditions(t, node)
+	gate := newGateDriver("maint", true, "work")
+	startAgent(t, node, agentOpts{retention: time.Hour, extra: []drivers.Driver{gate}, configure: func(c *config.Config) {
+		c.Reboot.ReadyTimeout = 10 * time.Second
+		c.Exec.Drivers = []config.ExecDriver{{Name: "flash", Start: "FlashStarted", End: "FlashComplete",
+			Steps: []config.ExecStep{{Name: "flash", Command: []string{"/bin/true"}, Timeout: time.Minute}}}}
+	}})
+	for _, d := range []string{"drain", "uncordon", "reboot", "flash", "maint"} {
+		waitTransition(t, transitionName(node, d))
+	}
+	const (
+		lt, dip, drained = v1alpha1.NodeConditionLifecycleTransition, v1alpha1.NodeConditionDrainInProgress, v1alpha1.NodeConditionDrained
+		planned, mip     = v1alpha1.NodeConditionMaintenancePlanned, v1alpha1.NodeConditionMaintenanceInProgress
+	)
+
+	t.Run("drain", func(t *testing.T) {
+		m := rec.mark()
+		createEvent(t, "cond-drain", node, transitionName(node, "drain"), nil, nil)
+		if ev := waitEvent(t, "cond-drain", time.Minute); ev.Status.ClaimStatus != v1alpha1.LifecycleEventSucceeded {
+			t.Fatalf("drain: %s %s", ev.Status.ClaimStatus, ev.Status.Message)
+		}
+		rec.expect(t, m, []string{
+			lt + "=True/DrainStarted", dip + "=True/AdminRequested",
+			dip + "=False/DrainCompleted", drained + "=True/DrainCompleted", lt + "=False/DrainComplete",
+		}, mip, planned)
+	})
+
+	t.Run("uncordon puts the node back in service", func(t *testing.T) {
+		m := rec.mark()
+		createEvent(t, "cond-uncordon", node, transitionName(node, "uncordon"), nil, nil)
+		if ev := waitEvent(t, "cond-uncordon", time.Minute); ev.Status.ClaimStatus != v1alpha1.LifecycleEventSucceeded {
+			t.Fatalf("uncordon: %s %s", ev.Status.ClaimStatus, ev.Status.Message)
+		}
+		rec.expect(t, m, []string{lt + "=True/Uncordoning", drained + "=False/ReturnedToService", lt + "=False/MaintenanceComplete"}, dip+"=True", mip)
+	})
+
+	t.Run("reboot asked by a local pipeline, queued behind a disruption slot", func(t *testing.T) {
+		// The group's only slot is held for another node's unfinished event.
+		lc := clients(t, env.AdminConfig())
+		ctx := context.Background()
+		blocker := &v1alpha1.LifecycleEvent{ObjectMeta: metav1.ObjectMeta{Name: "cond-blocker"},
+			Spec: v1alpha1.LifecycleEventSpec{TransitionName: transitionName(spare, "drain"), BindingNode: spare}}
+		blocker, err := lc.Events.Create(ctx, blocker, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		holder, secs, now := "cond-spare/other", int32(40), metav1.NowMicro()
+		slot := &v1alpha1.LifecycleLease{ObjectMeta: metav1.ObjectMeta{Name: "cond-rack-0", Namespace: v1alpha1.SystemNamespace,
+			Annotations: map[string]string{apiclient.AnnotationLeaseEvent: blocker.Name, apiclient.AnnotationLeaseEventUID: string(blocker.UID)}},
+			Spec: coordv1.LeaseSpec{HolderIdentity: &holder, LeaseDurationSeconds: &secs, AcquireTime: &now, RenewTime: &now}}
+		if _, err := lc.Leases(v1alpha1.SystemNamespace).Create(ctx, slot, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		m := rec.mark()
+		ev := &v1alpha1.LifecycleEvent{ObjectMeta: metav1.ObjectMeta{Name: "cond-reboot", Labels: map[string]string{"lifecycle.x-k8s.io/requested-by": "local"}},
+			Spec: v1alpha1.LifecycleEventSpec{TransitionName: transitionName(node, "reboot"), BindingNode: node,
+				Disruption: &v1alpha1.DisruptionBudget{Group: "cond-rack", MaxConcurrent: 1}}}
+		if _, err := lc.Events.Create(ctx, ev, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		rec.expect(t, m, []string{planned + "=True/LocalRequest"}, dip+"=True")
+		if err := lc.Events.Delete(ctx, blocker.Name, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if ev := waitEvent(t, "cond-reboot", time.Minute); ev.Status.ClaimStatus != v1alpha1.LifecycleEventSucceeded {
+			t.Fatalf("reboot: %s %s", ev.Status.ClaimStatus, ev.Status.Message)
+		}
+		rec.expect(t, m, []string{
+			lt + "=True/RebootStarted", planned + "=True/LocalRequest", planned + "=False/MaintenanceStarted",
+			dip + "=True/LocalRequest", dip + "=False/DrainCompleted", drained + "=True/DrainCompleted",
+			mip + "=True/LocalRequest", drained + "=False/ReturnedToService",
+			mip + "=False/MaintenanceCompleted", lt + "=False/RebootComplete",
+		})
+	})
+
+	t.Run("exec driver", func(t *testing.T) {
+		m := rec.mark()
+		createEvent(t, "cond-flash", node, transitionName(node, "flash"), nil, nil)
+		if ev := waitEvent(t, "cond-flash", time.Minute); ev.Status.ClaimStatus != v1alpha1.LifecycleEventSucceeded {
+			t.Fatalf("flash: %s %s", ev.Status.ClaimStatus, ev.Status.Message)
+		}
+		// Its one step runs at once (simulate mode): the True state may be
+		// superseded in the outbox before it is sent; the end is not.
+		rec.expect(t, m, []string{lt + "=True/FlashStarted", mip + "=False/MaintenanceCompleted", lt + "=False/FlashComplete"}, dip, drained)
+	})
+
+	t.Run("a disruptive driver's step in progress", func(t *testing.T) {
+		m := rec.mark()
+		createEvent(t, "cond-maint", node, transitionName(node, "maint"), nil, nil)
+		rec.expect(t, m, []string{lt + "=True/GateStarted", mip + "=True/AdminRequested"}, dip, drained)
+		gate.open("work")
+		if ev := waitEvent(t, "cond-maint", time.Minute); ev.Status.ClaimStatus != v1alpha1.LifecycleEventSucceeded {
+			t.Fatalf("maint: %s %s", ev.Status.ClaimStatus, ev.Status.Message)
+		}
+		rec.expect(t, m, []string{mip + "=False/MaintenanceCompleted", lt + "=False/GateComplete"})
+	})
+
+	t.Run("a cancelled drain", func(t *testing.T) {
+		// A budget that allows no eviction holds the drain; then it is deleted.
+		startWorkload(t, "cond-ns2", node, spare, 1, 1)
+		m := rec.mark()
+		createEvent(t, "cond-cancel", node, transitionName(node, "drain"), nil, nil)
+		rec.expect(t, m, []string{dip + "=True/AdminRequested"})
+		if err := clients(t, env.AdminConfig()).Events.Delete(context.Background(), "cond-cancel", metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		rec.expect(t, m, []string{drained + "=False/DrainIncomplete", dip + "=False/EventCancelled", lt + "=False/Cancelled"}, drained+"=True")
+	})
+}
+
+// A transition made by an admin names its own states: status.driver and
+// the LifecycleTransition condition use them, not the driver's defaults.
+func TestTransitionStateNames(t *testing.T) {
+	node := "names-node"
+	newNode(t, node)
+	startAgent(t, node, agentOpts{retention: time.Hour})
+	waitTransition(t, transitionName(node, "uncordon"))
+	lc := clients(t, env.AdminConfig())
+	ctx := context.Background()
+	own := &v1alpha1.LifecycleTransition{ObjectMeta: metav1.ObjectMeta{Name: "names-back-to-work"},
+		Spec: v1alpha1.LifecycleTransitionSpec{Start: "ReturningToWork", End: "BackAtWork", NodeName: &node, Driver: "lifecycle-agent.x-k8s.io/uncordon"}}
+	if _, err := lc.Transitions.Create(ctx, own, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	createEvent(t, "names-1", node, own.Name, nil, nil)
+	ev := waitEvent(t, "names-1", time.Minute)
+	if ev.Status.ClaimStatus != v1alpha1.LifecycleEventSucceeded {
+		t.Fatalf("%s %s", ev.Status.ClaimStatus, ev.Status.Message)
+	}
+	if d := ev.Status.Driver; d.Start != "ReturningToWork" || d.End != "BackAtWork" {
+		t.Errorf("status.driver = %+v, want the transition's ReturningToWork → BackAtWork", d)
+	}
+	if c := nodeCondition(getNode(t, node), v1alpha1.NodeConditionLifecycleTransition); c == nil || c.Reason != "BackAtWork" {
+		t.Errorf("LifecycleTransition = %+v, want reason BackAtWork", c)
+	}
+	if !strings.Contains(ev.Status.Message, "ReturningToWork → BackAtWork") {
+		t.Errorf("message %q does not name the transition's states", ev.Status.Message)
+	}
+}
+
+// drain.timeout bounds the evictions: a drain a budget holds fails when it
+// passes, saying so, and the node is uncordoned (the abort's default undo).
+func TestDrainTimeout(t *testing.T) {
+	node, spare := "timeout-node", "timeout-spare"
+	newNode(t, node)
+	newNode(t, spare)
+	startWorkload(t, "timeout-ns", node, spare, 1, 1) // minAvailable 1 of 1: no eviction allowed
+	startAgent(t, node, agentOpts{retention: time.Hour, configure: func(c *config.Config) { c.Drain.Timeout = 2 * time.Second }})
+	waitTransition(t, transitionName(node, "drain"))
+	start := time.Now()
+	createEvent(t, "timeout-1", node, transitionName(node, "drain"), nil, nil)
+	ev := waitEvent(t, "timeout-1", time.Minute)
+	if ev.Status.ClaimStatus != v1alpha1.LifecycleEventFailed || !strings.Contains(ev.Status.Message, "timeout") || !strings.Contains(ev.Status.Message, "evict") {
+		t.Fatalf("got %s %q after %s; want Failed in evict naming the timeout", ev.Status.ClaimStatus, ev.Status.Message, time.Since(start).Round(time.Second))
+	}
+	waitFor(t, "the node uncordoned", 30*time.Second, func() bool { return !getNode(t, node).Spec.Unschedulable })
+}
