@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -27,6 +28,25 @@ func (e *Engine) tryClaim(ctx context.Context, fresh []*v1alpha1.LifecycleEvent)
 	if len(cands) == 0 {
 		return nil
 	}
+	all := fresh
+	if all == nil {
+		all = e.watch.List()
+	}
+	if blocker := e.claimedByOther(all); blocker != nil {
+		// One Claimed event per node, whoever claimed it (a third-party
+		// controller implementing the proposal, another agent given this
+		// node name): our own claimed events are adopted, new ones wait.
+		msg := fmt.Sprintf("waiting: event %s is Claimed on this node by %s", blocker.Name, blocker.Status.Holder.Identity)
+		var mine []*v1alpha1.LifecycleEvent
+		for _, c := range cands {
+			if c.Status.ClaimStatus == v1alpha1.LifecycleEventClaimed {
+				mine = append(mine, c)
+			} else {
+				e.markPending(ctx, c, msg)
+			}
+		}
+		cands = mine
+	}
 	for _, cached := range cands {
 		a, err := e.claim(ctx, cached)
 		if err != nil {
@@ -42,6 +62,36 @@ func (e *Engine) tryClaim(ctx context.Context, fresh []*v1alpha1.LifecycleEvent)
 		}
 	}
 	return nil
+}
+
+// claimedByOther returns an event bound to this node that a holder other
+// than this agent has Claimed and not ended, or nil.
+func (e *Engine) claimedByOther(list []*v1alpha1.LifecycleEvent) *v1alpha1.LifecycleEvent {
+	for _, ev := range list {
+		if ev.Spec.BindingNode != e.cfg.Node || ev.Status.ClaimStatus != v1alpha1.LifecycleEventClaimed || ev.Status.Holder == nil {
+			continue
+		}
+		if h := ev.Status.Holder.Identity; h != e.cfg.Identity && !slices.Contains(e.cfg.FormerIdentities, h) {
+			return ev
+		}
+	}
+	return nil
+}
+
+// markPending writes claimStatus Pending with msg on an event this agent
+// cannot start yet, when its status does not say so already.
+func (e *Engine) markPending(ctx context.Context, cached *v1alpha1.LifecycleEvent, msg string) {
+	if cached.Status.ClaimStatus == v1alpha1.LifecycleEventPending && cached.Status.Message == msg {
+		return
+	}
+	ev := cached.DeepCopy()
+	ev.Status.ClaimStatus = v1alpha1.LifecycleEventPending
+	ev.Status.Message = msg
+	if _, err := e.cfg.API.UpdateEventStatus(ctx, ev); err != nil && !apierrors.IsConflict(err) {
+		e.log.Warn("marking a waiting event Pending failed", "event", ev.Name, "err", err)
+		return
+	}
+	e.log.Info("event waits", "event", ev.Name, "why", msg)
 }
 
 // claim runs the claim protocol of doc.go for one event. It returns

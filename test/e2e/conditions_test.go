@@ -291,3 +291,50 @@ func TestDrainTimeout(t *testing.T) {
 	}
 	waitFor(t, "the node uncordoned", 30*time.Second, func() bool { return !getNode(t, node).Spec.Unschedulable })
 }
+
+// One Claimed event per node, whoever claimed it: while a third-party
+// controller holds an event of this node, the agent claims nothing else and
+// says so on the waiting event (Pending, the blocker named); once that event
+// ends, the waiting one runs.
+func TestOneClaimedEventPerNode(t *testing.T) {
+	node := "third-party-node"
+	newNode(t, node)
+	lc := clients(t, env.AdminConfig())
+	ctx := context.Background()
+	other := &v1alpha1.LifecycleTransition{ObjectMeta: metav1.ObjectMeta{Name: "third-party-firmware"},
+		Spec: v1alpha1.LifecycleTransitionSpec{Start: "FirmwareStarted", End: "FirmwareDone", NodeName: &node, Driver: "vendor.example.com/firmware"}}
+	if _, err := lc.Transitions.Create(ctx, other, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	blocker := &v1alpha1.LifecycleEvent{ObjectMeta: metav1.ObjectMeta{Name: "third-party-1"},
+		Spec: v1alpha1.LifecycleEventSpec{TransitionName: other.Name, BindingNode: node}}
+	blocker, err := lc.Events.Create(ctx, blocker, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := metav1.Now()
+	blocker.Status = v1alpha1.LifecycleEventStatus{ClaimStatus: v1alpha1.LifecycleEventClaimed,
+		Holder: &v1alpha1.Holder{Identity: "vendor-controller-0", ClaimTime: &now}}
+	if blocker, err = lc.Events.UpdateStatus(ctx, blocker, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	startAgent(t, node, agentOpts{retention: time.Hour})
+	waitTransition(t, transitionName(node, "uncordon"))
+	createEvent(t, "third-party-mine", node, transitionName(node, "uncordon"), nil, nil)
+	waitFor(t, "the agent's event Pending, naming the blocker", 20*time.Second, func() bool {
+		ev, err := lc.Events.Get(ctx, "third-party-mine", metav1.GetOptions{})
+		return err == nil && ev.Status.ClaimStatus == v1alpha1.LifecycleEventPending &&
+			strings.Contains(ev.Status.Message, "third-party-1") && strings.Contains(ev.Status.Message, "vendor-controller-0")
+	})
+	time.Sleep(2 * time.Second)
+	if ev, _ := lc.Events.Get(ctx, "third-party-mine", metav1.GetOptions{}); ev.Status.ClaimStatus != v1alpha1.LifecycleEventPending {
+		t.Fatalf("claimed while another holder's event runs on the node: %s %s", ev.Status.ClaimStatus, ev.Status.Message)
+	}
+	blocker.Status.ClaimStatus = v1alpha1.LifecycleEventSucceeded
+	if _, err := lc.Events.UpdateStatus(ctx, blocker, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if ev := waitEvent(t, "third-party-mine", time.Minute); ev.Status.ClaimStatus != v1alpha1.LifecycleEventSucceeded {
+		t.Fatalf("after the blocker ended: %s %s", ev.Status.ClaimStatus, ev.Status.Message)
+	}
+}
