@@ -159,6 +159,27 @@ func (c *Client) AcquireSlot(ctx context.Context, group string, max int, h Lease
 	return "", ErrNoSlot
 }
 
+// SlotHolders describes who holds the slots of group, as "<slot>: event
+// <name> (<holder>)", for a waiting event's message.
+func (c *Client) SlotHolders(ctx context.Context, group string, max int) ([]string, error) {
+	var out []string
+	for i := 0; i < max; i++ {
+		name := SlotLeaseName(group, i)
+		l, err := c.LC.Leases(v1alpha1.SystemNamespace).Get(ctx, name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			continue
+		}
+		if err != nil {
+			return out, err
+		}
+		if l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity == "" {
+			continue
+		}
+		out = append(out, fmt.Sprintf("%s: event %s (%s)", name, l.Annotations[AnnotationLeaseEvent], *l.Spec.HolderIdentity))
+	}
+	return out, nil
+}
+
 // ReleaseSlot gives up a slot lease if identity holds it.
 func (c *Client) ReleaseSlot(ctx context.Context, name, identity string) error {
 	return c.release(ctx, name, identity)

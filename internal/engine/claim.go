@@ -42,12 +42,14 @@ func (e *Engine) tryClaim(ctx context.Context, fresh []*v1alpha1.LifecycleEvent)
 			if c.Status.ClaimStatus == v1alpha1.LifecycleEventClaimed {
 				mine = append(mine, c)
 			} else {
-				e.markPending(ctx, c, msg)
+				e.markPending(ctx, c, msg, false)
 			}
 		}
 		cands = mine
 	}
-	for _, cached := range cands {
+	e.slotQueued = false
+	e.clearPlanned(ctx, cands)
+	for i, cached := range cands {
 		a, err := e.claim(ctx, cached)
 		if err != nil {
 			if errors.Is(err, apiclient.ErrLeaseHeld) {
@@ -58,6 +60,14 @@ func (e *Engine) tryClaim(ctx context.Context, fresh []*v1alpha1.LifecycleEvent)
 			continue
 		}
 		if a != nil {
+			if a.name == e.planned {
+				e.planned = "" // the claim's conditions end MaintenancePlanned
+			}
+			for _, c := range cands[i+1:] {
+				if c.Status.ClaimStatus == "" || c.Status.ClaimStatus == v1alpha1.LifecycleEventPending {
+					e.markPending(ctx, c, fmt.Sprintf("waiting: event %s runs on this node", a.name), false)
+				}
+			}
 			return a
 		}
 	}
@@ -79,19 +89,85 @@ func (e *Engine) claimedByOther(list []*v1alpha1.LifecycleEvent) *v1alpha1.Lifec
 }
 
 // markPending writes claimStatus Pending with msg on an event this agent
-// cannot start yet, when its status does not say so already.
-func (e *Engine) markPending(ctx context.Context, cached *v1alpha1.LifecycleEvent, msg string) {
-	if cached.Status.ClaimStatus == v1alpha1.LifecycleEventPending && cached.Status.Message == msg {
+// cannot start yet, when its status does not say so already; slotWait
+// also sets its WaitingForDisruptionBudget condition.
+func (e *Engine) markPending(ctx context.Context, cached *v1alpha1.LifecycleEvent, msg string, slotWait bool) {
+	want := metav1.ConditionFalse
+	if slotWait {
+		want = metav1.ConditionTrue
+	}
+	c := meta.FindStatusCondition(cached.Status.Conditions, v1alpha1.ConditionWaitingForDisruptionBudget)
+	if cached.Status.ClaimStatus == v1alpha1.LifecycleEventPending && cached.Status.Message == msg && (c == nil && !slotWait || c != nil && c.Status == want) {
 		return
 	}
 	ev := cached.DeepCopy()
 	ev.Status.ClaimStatus = v1alpha1.LifecycleEventPending
 	ev.Status.Message = msg
+	now := e.cfg.Clock.Now()
+	if slotWait {
+		setCond(&ev.Status, v1alpha1.ConditionWaitingForDisruptionBudget, metav1.ConditionTrue, "AllSlotsTaken", msg, now)
+	} else if c != nil {
+		setCond(&ev.Status, v1alpha1.ConditionWaitingForDisruptionBudget, metav1.ConditionFalse, "NotWaiting", "", now)
+	}
 	if _, err := e.cfg.API.UpdateEventStatus(ctx, ev); err != nil && !apierrors.IsConflict(err) {
 		e.log.Warn("marking a waiting event Pending failed", "event", ev.Name, "err", err)
 		return
 	}
 	e.log.Info("event waits", "event", ev.Name, "why", msg)
+}
+
+// queueForSlot marks ev Pending on its disruption budget, naming the
+// holders, and the Node MaintenancePlanned=True.
+func (e *Engine) queueForSlot(ctx context.Context, ev *v1alpha1.LifecycleEvent) {
+	d := ev.Spec.Disruption
+	holders, err := e.cfg.API.SlotHolders(ctx, d.Group, int(d.MaxConcurrent))
+	held := strings.Join(holders, ", ")
+	if err != nil || held == "" {
+		held = "unknown"
+	}
+	msg := fmt.Sprintf("waiting for one of %d disruption slots of group %s (held by %s)", d.MaxConcurrent, d.Group, held)
+	e.markPending(ctx, ev, msg, true)
+	e.slotQueued = true
+	cond := apiclient.NodeCondition{Type: v1alpha1.NodeConditionMaintenancePlanned, Status: corev1.ConditionTrue, Reason: causeOf(ev),
+		Message: fmt.Sprintf("event %s (transition %s): %s", ev.Name, ev.Spec.TransitionName, msg)}
+	if err := e.cfg.API.SetNodeConditions(ctx, e.cfg.Clock.Now(), cond); err != nil {
+		e.log.Warn("posting MaintenancePlanned failed; will retry", "event", ev.Name, "err", err)
+		return
+	}
+	e.planned = ev.Name
+}
+
+// clearPlanned ends MaintenancePlanned=True for an event that no longer
+// waits: it was claimed (the claim's own conditions end it) or is gone.
+// At the first pass it reads the Node: a restart forgets what it posted.
+func (e *Engine) clearPlanned(ctx context.Context, cands []*v1alpha1.LifecycleEvent) {
+	if !e.plannedRead {
+		n, err := e.cfg.API.GetNode(ctx)
+		if err != nil {
+			return
+		}
+		e.plannedRead = true
+		for _, c := range n.Status.Conditions {
+			if string(c.Type) == v1alpha1.NodeConditionMaintenancePlanned && c.Status == corev1.ConditionTrue {
+				if _, rest, ok := strings.Cut(c.Message, "event "); ok {
+					e.planned, _, _ = strings.Cut(rest, " ")
+				}
+			}
+		}
+	}
+	if e.planned == "" {
+		return
+	}
+	for _, c := range cands {
+		if c.Name == e.planned {
+			return // still waiting (or about to be claimed)
+		}
+	}
+	cond := apiclient.NodeCondition{Type: v1alpha1.NodeConditionMaintenancePlanned, Status: corev1.ConditionFalse, Reason: ReasonEventCancelled,
+		Message: fmt.Sprintf("event %s: no longer waits", e.planned)}
+	if err := e.cfg.API.SetNodeConditions(ctx, e.cfg.Clock.Now(), cond); err == nil {
+		e.planned = ""
+	}
 }
 
 // claim runs the claim protocol of doc.go for one event. It returns
@@ -125,7 +201,10 @@ func (e *Engine) claim(ctx context.Context, cached *v1alpha1.LifecycleEvent) (*a
 	}
 	lt, err := e.cfg.API.GetTransition(ctx, ev.Spec.TransitionName)
 	if apierrors.IsNotFound(err) {
-		return nil, e.reject(ctx, ev, fmt.Sprintf("LifecycleTransition %q not found", ev.Spec.TransitionName))
+		// The proposal's "skip and retry": `kubectl apply` of an event
+		// before its transition works; it waits, Pending, saying why.
+		e.markPending(ctx, ev, fmt.Sprintf("waiting: LifecycleTransition %q not found", ev.Spec.TransitionName), false)
+		return nil, nil
 	}
 	if err != nil {
 		return nil, err
@@ -146,7 +225,8 @@ func (e *Engine) claim(ctx context.Context, cached *v1alpha1.LifecycleEvent) (*a
 		return nil, e.reject(ctx, ev, err.Error())
 	}
 	if !applies {
-		return nil, e.reject(ctx, ev, fmt.Sprintf("LifecycleTransition %q does not apply to node %s", lt.Name, e.cfg.Node))
+		e.markPending(ctx, ev, fmt.Sprintf("waiting: LifecycleTransition %q does not apply to node %s", lt.Name, e.cfg.Node), false)
+		return nil, nil
 	}
 	params, planErr := e.resolve(ctx, d, ev.Spec.Parameters)
 	var steps []drivers.Step
@@ -154,12 +234,31 @@ func (e *Engine) claim(ctx context.Context, cached *v1alpha1.LifecycleEvent) (*a
 		steps, planErr = d.Plan(params)
 	}
 
+	// The disruption slot before the claim (DESIGN §6): until one is free
+	// the event stays Pending, and its sla clock (from the claim) does not
+	// run while it queues. A slot taken for an event that then fails to be
+	// claimed stays held for it (renewed at the next try) and frees itself
+	// when the event ends or is gone.
+	var slot string
+	if !adopt && planErr == nil && ev.Spec.Disruption != nil {
+		d := ev.Spec.Disruption
+		h := apiclient.LeaseHolder{Identity: e.cfg.Identity, Event: ev.Name, EventUID: string(ev.UID), Duration: e.cfg.LeaseDuration}
+		slot, err = e.cfg.API.AcquireSlot(ctx, d.Group, int(d.MaxConcurrent), h, now)
+		if errors.Is(err, apiclient.ErrNoSlot) {
+			e.queueForSlot(ctx, ev)
+			return nil, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+
 	// The per-node Lease: at most one claimed event per node, across processes.
 	holder := apiclient.LeaseHolder{Identity: e.cfg.Identity, Event: ev.Name, EventUID: string(ev.UID), Duration: e.cfg.LeaseDuration}
 	if err := e.cfg.API.AcquireNodeLease(ctx, holder, now); err != nil {
 		return nil, err
 	}
-	a := &active{name: ev.Name, uid: string(ev.UID), driver: d, steps: steps, tn: lt.Name, params: params}
+	a := &active{name: ev.Name, uid: string(ev.UID), driver: d, steps: steps, tn: lt.Name, params: params, slot: slot}
 	fin := ev // the object the finalizer is added to: the claim's result when we claim
 	if adopt {
 		a.status = ev.Status

@@ -70,7 +70,12 @@ type Engine struct {
 	deleted   map[string]time.Time // UIDs collect deleted, until the watch catches up
 	nextUndo  time.Time            // when retryLeftoverUndo looks again
 	orphanAt  map[string]time.Time // releaseOrphans: when it last tried each event (by UID)
-	watch     *apiclient.EventWatch
+	// planned is the event whose MaintenancePlanned=True the Node shows
+	// (queueForSlot); plannedRead: the Node was read for it since the start.
+	planned     string
+	plannedRead bool
+	slotQueued  bool // an event waits for a disruption slot: look again soon
+	watch       *apiclient.EventWatch
 
 	beat atomic.Int64 // UnixNano of the engine's last sign of progress (Healthy)
 
@@ -253,6 +258,9 @@ func (e *Engine) Run(ctx context.Context) error {
 		// created meanwhile is claimed within a second of the server's
 		// return, whatever the watch's back-off.
 		next := e.cfg.Resync
+		if e.slotQueued && next > 2*time.Second {
+			next = 2 * time.Second // slot Leases are not watched
+		}
 		if e.untrusted(w) {
 			next, relist = time.Second, true
 		}

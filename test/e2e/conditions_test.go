@@ -195,6 +195,10 @@ func TestNodeConditionSequences(t *testing.T) {
 			t.Fatal(err)
 		}
 		rec.expect(t, m, []string{planned + "=True/LocalRequest"}, dip+"=True")
+		if ev, _ := lc.Events.Get(ctx, "cond-reboot", metav1.GetOptions{}); ev.Status.ClaimStatus != v1alpha1.LifecycleEventPending || ev.Status.Sla != nil ||
+			!strings.Contains(ev.Status.Message, "cond-rack-0: event cond-blocker (cond-spare/other)") {
+			t.Errorf("queued for its slot the event is %s (sla %v): %q; want Pending, no sla yet, the holder named", ev.Status.ClaimStatus, ev.Status.Sla, ev.Status.Message)
+		}
 		if err := lc.Events.Delete(ctx, blocker.Name, metav1.DeleteOptions{}); err != nil {
 			t.Fatal(err)
 		}
@@ -202,7 +206,7 @@ func TestNodeConditionSequences(t *testing.T) {
 			t.Fatalf("reboot: %s %s", ev.Status.ClaimStatus, ev.Status.Message)
 		}
 		rec.expect(t, m, []string{
-			lt + "=True/RebootStarted", planned + "=True/LocalRequest", planned + "=False/MaintenanceStarted",
+			planned + "=True/LocalRequest", lt + "=True/RebootStarted", planned + "=False/MaintenanceStarted",
 			dip + "=True/LocalRequest", dip + "=False/DrainCompleted", drained + "=True/DrainCompleted",
 			mip + "=True/LocalRequest", drained + "=False/ReturnedToService",
 			mip + "=False/MaintenanceCompleted", lt + "=False/RebootComplete",

@@ -184,7 +184,6 @@ func TestBadInputFailsWithReason(t *testing.T) {
 		{name: "bad-grace", transition: transitionName(node, "drain"), params: map[string]string{"gracePeriodSeconds": "soon"}, says: "parameters.gracePeriodSeconds"},
 		{name: "unknown-param", transition: transitionName(node, "drain"), params: map[string]string{"colour": "red"}, says: `unknown parameter "colour"`},
 		{name: "bad-selector", transition: transitionName(node, "drain"), params: map[string]string{"podSelector": "a=(b"}, says: "parameters.podSelector"},
-		{name: "no-transition", transition: "no-such-transition", says: `LifecycleTransition "no-such-transition" not found`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -197,6 +196,26 @@ func TestBadInputFailsWithReason(t *testing.T) {
 	}
 	if getNode(t, node).Spec.Unschedulable {
 		t.Fatal("a refused event changed the node")
+	}
+
+	// An event whose transition does not exist (yet) is not Failed: it
+	// waits, Pending, saying why, and runs once the transition appears
+	// (`kubectl apply` of both in any order works).
+	lc := clients(t, env.AdminConfig())
+	createEvent(t, "bad-no-transition", node, "later-transition", nil, nil)
+	waitFor(t, "the event Pending, naming the missing transition", 20*time.Second, func() bool {
+		ev, err := lc.Events.Get(context.Background(), "bad-no-transition", metav1.GetOptions{})
+		return err == nil && ev.Status.ClaimStatus == v1alpha1.LifecycleEventPending && strings.Contains(ev.Status.Message, `LifecycleTransition "later-transition" not found`)
+	})
+	lt := validLT("later-transition")
+	lt.Spec.NodeName = ptr(node)
+	lt.Spec.Driver = "lifecycle-agent.x-k8s.io/uncordon"
+	lt.Spec.Start, lt.Spec.End = "Uncordoning", "MaintenanceComplete"
+	if _, err := lc.Transitions.Create(context.Background(), lt, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if ev := waitEvent(t, "bad-no-transition", time.Minute); ev.Status.ClaimStatus != v1alpha1.LifecycleEventSucceeded {
+		t.Fatalf("once its transition exists: %s %q", ev.Status.ClaimStatus, ev.Status.Message)
 	}
 }
 
