@@ -148,6 +148,7 @@ Configuration: flags > ` + "`LIFECYCLE_AGENT_*`" + ` environment > ` + config.De
 		newDoctorCmd(e),
 		newJournalCmd(e),
 		newManifestsCmd(e),
+		newUnpublishCmd(e),
 		newVersionCmd(e),
 		newGenManCmd(e, root),
 		newGPUCmd(e),

@@ -199,6 +199,29 @@ func (c *Client) PublishTransitions(ctx context.Context, node *corev1.Node, want
 	return nil
 }
 
+// WithdrawTransitions deletes the transitions this agent published for its
+// node (managed-by label, spec.nodeName), except those in keep, which it
+// returns as kept.
+func (c *Client) WithdrawTransitions(ctx context.Context, keep map[string]bool) (deleted, kept []string, err error) {
+	have, err := c.LC.Transitions.List(ctx, metav1.ListOptions{
+		FieldSelector: "spec.nodeName=" + c.Node, LabelSelector: LabelManagedBy + "=" + ManagedByAgent,
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("apiclient: list transitions of %s: %w", c.Node, err)
+	}
+	for _, t := range have.Items {
+		if keep[t.Name] {
+			kept = append(kept, t.Name)
+			continue
+		}
+		if err := c.LC.Transitions.Delete(ctx, t.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			return deleted, kept, fmt.Errorf("apiclient: withdraw transition %s: %w", t.Name, err)
+		}
+		deleted = append(deleted, t.Name)
+	}
+	return deleted, kept, nil
+}
+
 func equalSpec(a, b v1alpha1.LifecycleTransitionSpec) bool {
 	return a.Start == b.Start && a.End == b.End && a.Driver == b.Driver &&
 		((a.Sla == nil) == (b.Sla == nil)) && (a.Sla == nil || a.Sla.Duration == b.Sla.Duration)

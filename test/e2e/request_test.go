@@ -140,3 +140,53 @@ func TestRequestOffline(t *testing.T) {
 		t.Fatalf("queued request %s ended %s: %s", name, ev.Status.ClaimStatus, ev.Status.Message)
 	}
 }
+
+// `lifecycle-agent unpublish` (the package's prerm): the node's published
+// transitions are withdrawn, except one an unfinished event in the journal
+// uses (kept, exit 1, named) unless --force; while the agent runs it
+// refuses (the journal is in use).
+func TestUnpublish(t *testing.T) {
+	node := "unpublish-node"
+	newNode(t, node)
+	a := startAgent(t, node, agentOpts{retention: time.Hour})
+	if err := os.WriteFile(filepath.Join(a.dir, "config.yaml"), []byte("nodeName: "+node+"\njournalPath: "+a.cfg.JournalPath+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	kc, err := env.WriteKubeconfigFor("node:" + node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitTransition(t, transitionName(node, "drain"))
+	run := func(args ...string) (int, string, string) {
+		return cli(t, a, time.Minute, append([]string{"unpublish", "--kubeconfig", kc}, args...)...)
+	}
+	if code, out, errOut := run(); code == 0 || !strings.Contains(errOut, "stop it first") {
+		t.Fatalf("unpublish while the agent runs: exit %d\n%s%s", code, out, errOut)
+	}
+	// An unfinished event in the journal: a drain held by a budget.
+	startWorkload(t, "unpublish-ns", node, "", 1, 1)
+	createEvent(t, "unpublish-drain", node, transitionName(node, "drain"), nil, nil)
+	waitFor(t, "the drain running", 30*time.Second, func() bool {
+		ev, err := clients(t, env.AdminConfig()).Events.Get(context.Background(), "unpublish-drain", metav1.GetOptions{})
+		return err == nil && ev.Status.CurrentStep == "evict"
+	})
+	a.stop(t)
+	code, out, errOut := run()
+	if code != 1 || !strings.Contains(errOut, transitionName(node, "drain")+" (used by unfinished event unpublish-drain)") || !strings.Contains(out, "withdrew lifecycletransition "+transitionName(node, "uncordon")) {
+		t.Fatalf("unpublish with an unfinished drain: exit %d\nstdout: %s\nstderr: %s", code, out, errOut)
+	}
+	lc := clients(t, env.AdminConfig())
+	if _, err := lc.Transitions.Get(context.Background(), transitionName(node, "drain"), metav1.GetOptions{}); err != nil {
+		t.Fatalf("the transition the unfinished drain uses was withdrawn: %v", err)
+	}
+	if code, out, errOut := run("--force"); code != 0 || !strings.Contains(out, "withdrew lifecycletransition "+transitionName(node, "drain")) {
+		t.Fatalf("unpublish --force: exit %d\nstdout: %s\nstderr: %s", code, out, errOut)
+	}
+	list, err := lc.Transitions.List(context.Background(), metav1.ListOptions{FieldSelector: "spec.nodeName=" + node})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(list.Items) != 0 {
+		t.Errorf("%d transitions of %s left after unpublish --force", len(list.Items), node)
+	}
+}

@@ -540,7 +540,13 @@ func TestScenarioRemovePurge(t *testing.T) {
 		out, code := a.v.Run("ls -la " + vm.GuestStateDir)
 		return code == 0 && strings.Contains(out, "journal.db"), out
 	})
-	a.v.MustRun("DEBIAN_FRONTEND=noninteractive apt-get remove -y lifecycle-agent 2>&1")
+	removed := a.v.MustRun("DEBIAN_FRONTEND=noninteractive apt-get remove -y lifecycle-agent 2>&1")
+	// prerm withdrew the node's transitions (lifecycle-agent unpublish).
+	if list, err := a.c.Lifecycle.Transitions.List(context.Background(), metav1.ListOptions{FieldSelector: "spec.nodeName=" + vm.NodeName}); err != nil {
+		t.Fatal(err)
+	} else if len(list.Items) != 0 {
+		t.Errorf("after remove, %d LifecycleTransitions of %s are left; apt-get said:\n%s", len(list.Items), vm.NodeName, removed)
+	}
 	out, _ := a.v.Run("dpkg-query -W -f='${db:Status-Abbrev}' lifecycle-agent; echo; systemctl is-active " + vm.Unit + "; command -v lifecycle-agent; ls " + vm.GuestStateDir + " " + vm.GuestConfig)
 	if !strings.HasPrefix(out, "rc") {
 		t.Errorf("after remove, the package is not in state rc: %q", out)
