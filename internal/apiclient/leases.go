@@ -152,7 +152,9 @@ func (c *Client) AcquireSlot(ctx context.Context, group string, max int, h Lease
 		if err == nil {
 			return name, nil
 		}
-		if !errors.Is(err, ErrLeaseHeld) && !apierrors.IsConflict(err) && !apierrors.IsAlreadyExists(err) {
+		// Forbidden: the admission policy refused to hand over a live
+		// slot (deploy/admission.yaml): taken, as far as we may know.
+		if !errors.Is(err, ErrLeaseHeld) && !apierrors.IsConflict(err) && !apierrors.IsAlreadyExists(err) && !apierrors.IsForbidden(err) {
 			return "", err
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	coordv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -322,4 +323,84 @@ func TestConcurrentClaimsOneWins(t *testing.T) {
 	if got.Status.Holder == nil || got.Status.Holder.Identity != "agent-1" {
 		t.Fatalf("holder = %+v; want agent-1", got.Status.Holder)
 	}
+}
+
+// The admission policy closes the Lease hole: with node-b's credentials, on
+// the real apiserver, node-b cannot create or update node-a's node Lease,
+// take or clear a slot node-a holds while it is live, or delete a Lease it
+// does not hold; it may take an expired slot, and delete a Lease it holds.
+func TestLeaseAdmission(t *testing.T) {
+	ctx := context.Background()
+	core := kubernetes.NewForConfigOrDie(env.AdminConfig())
+	for _, n := range []string{"lease-a", "lease-b"} {
+		if _, err := core.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+			t.Fatal(err)
+		}
+	}
+	a := clients(t, env.NodeConfig("lease-a")).Leases(v1alpha1.SystemNamespace)
+	b := clients(t, env.NodeConfig("lease-b")).Leases(v1alpha1.SystemNamespace)
+	lease := func(name, holder string, renewed time.Time) *v1alpha1.LifecycleLease {
+		secs, rt := int32(40), metav1.NewMicroTime(renewed)
+		return &v1alpha1.LifecycleLease{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: v1alpha1.SystemNamespace},
+			Spec: coordv1.LeaseSpec{HolderIdentity: &holder, LeaseDurationSeconds: &secs, AcquireTime: &rt, RenewTime: &rt}}
+	}
+	forbidden := func(t *testing.T, err error, says string) {
+		t.Helper()
+		if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), says) {
+			t.Fatalf("got %v; want Forbidden saying %q", err, says)
+		}
+	}
+	now := time.Now()
+	if _, err := a.Create(ctx, lease("node-lease-a", "lease-a/1", now), metav1.CreateOptions{}); err != nil {
+		t.Fatalf("lease-a creating its own node Lease: %v", err)
+	}
+	live, err := a.Create(ctx, lease("leasegrp-0", "lease-a/1", now), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("lease-a taking a free slot: %v", err)
+	}
+	t.Run("node-b cannot create node-a's node Lease", func(t *testing.T) {
+		_, err := b.Create(ctx, lease("node-lease-c", "lease-b/1", now), metav1.CreateOptions{})
+		forbidden(t, err, "may only write its own node Lease node-lease-b")
+	})
+	t.Run("node-b cannot take node-a's node Lease", func(t *testing.T) {
+		l, err := b.Get(ctx, "node-lease-a", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		h := "lease-b/1"
+		l.Spec.HolderIdentity = &h
+		_, err = b.Update(ctx, l, metav1.UpdateOptions{})
+		forbidden(t, err, "may only write its own node Lease")
+	})
+	t.Run("node-b cannot take a live slot", func(t *testing.T) {
+		l := live.DeepCopy()
+		h, rt := "lease-b/1", metav1.NewMicroTime(time.Now())
+		l.Spec.HolderIdentity, l.Spec.RenewTime = &h, &rt
+		_, err := b.Update(ctx, l, metav1.UpdateOptions{})
+		forbidden(t, err, "leasegrp-0 is held by lease-a/1")
+	})
+	t.Run("node-b cannot clear a live slot", func(t *testing.T) {
+		l := live.DeepCopy()
+		empty := ""
+		l.Spec.HolderIdentity = &empty
+		_, err := b.Update(ctx, l, metav1.UpdateOptions{})
+		forbidden(t, err, "only when it is free or expired")
+	})
+	t.Run("node-b cannot delete a Lease it does not hold", func(t *testing.T) {
+		forbidden(t, b.Delete(ctx, "leasegrp-0", metav1.DeleteOptions{}), "may only delete a LifecycleLease it holds")
+	})
+	t.Run("node-b may take an expired slot and delete what it holds", func(t *testing.T) {
+		old, err := a.Create(ctx, lease("leasegrp-1", "lease-a/1", now.Add(-5*time.Minute)), metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		h, rt := "lease-b/1", metav1.NewMicroTime(time.Now())
+		old.Spec.HolderIdentity, old.Spec.RenewTime = &h, &rt
+		if _, err := b.Update(ctx, old, metav1.UpdateOptions{}); err != nil {
+			t.Fatalf("node-b taking an expired slot: %v", err)
+		}
+		if err := b.Delete(ctx, "leasegrp-1", metav1.DeleteOptions{}); err != nil {
+			t.Fatalf("node-b deleting a slot it holds: %v", err)
+		}
+	})
 }
