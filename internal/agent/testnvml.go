@@ -24,6 +24,8 @@ func init() {
 			return nil, false
 		}
 		log.Warn("TEST BUILD: NVML is go-nvml's mock server, not the host's library", "model", model)
-		return devicestest.New(devicestest.Model(model)).NVML(), true
+		f := devicestest.New(devicestest.Model(model))
+		f.StableUUIDs() // a restarted agent finds the GPUs it journaled
+		return f.NVML(), true
 	}
 }

@@ -50,6 +50,7 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"hash/crc32"
 	"io"
 	"log/slog"
 	"os"
@@ -213,6 +214,18 @@ func (f *Fleet) NVML() nvml.Interface { return f.srv }
 
 // Len is the number of GPUs.
 func (f *Fleet) Len() int { return len(f.srv.Devices) }
+
+// StableUUIDs replaces the mock server's random GPU UUIDs with ones made
+// from the model and the index, the same in every process: a test build's
+// agent that restarts sees the GPUs it planned for, as a real host's keep
+// their UUIDs. Call it before the first Manager.
+func (f *Fleet) StableUUIDs() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for i := range f.srv.Devices {
+		f.dev(i).UUID = fmt.Sprintf("GPU-%08x-0000-4000-8000-%012x", crc32.ChecksumIEEE([]byte(f.model)), i)
+	}
+}
 
 // UUID is GPU i's UUID.
 func (f *Fleet) UUID(i int) string { return f.dev(i).UUID }

@@ -218,3 +218,22 @@ func TestStrictDoubles(t *testing.T) {
 		})
 	}
 }
+
+func TestStableUUIDs(t *testing.T) {
+	a, b := New(DGXH100), New(DGXH100)
+	a.StableUUIDs()
+	b.StableUUIDs()
+	for i := 0; i < a.Len(); i++ {
+		if a.UUID(i) != b.UUID(i) {
+			t.Fatalf("GPU %d: %s and %s across two fleets", i, a.UUID(i), b.UUID(i))
+		}
+		if a.Index(a.UUID(i)) != i {
+			t.Fatalf("GPU %d: Index(%s) = %d", i, a.UUID(i), a.Index(a.UUID(i)))
+		}
+	}
+	m, err := a.Manager(Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Shutdown()
+}
