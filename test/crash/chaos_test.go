@@ -552,6 +552,11 @@ func runSchedule(t *testing.T, s schedule, pdb bool) {
 	if deleted && final != nil {
 		t.Errorf("the event was deleted but is still there, %s", final.Status.ClaimStatus)
 	}
+	// Simulated host actions never fail and faults only delay: an event
+	// neither cancelled nor out of its sla must succeed.
+	if s.sla == 0 && !deleted && final != nil && final.Status.ClaimStatus != v1alpha1.LifecycleEventSucceeded {
+		t.Errorf("ended %s with no cancel and no sla to end it: the right end state is Succeeded", endName(final))
+	}
 	if s.sla > 0 && final != nil && final.Status.ClaimStatus != v1alpha1.LifecycleEventSlaExpired {
 		t.Errorf("a drain held by its budget past its sla of %s ended %s", s.sla, endName(final))
 	}
