@@ -477,3 +477,38 @@ func TestDeletedDuringClaim(t *testing.T) {
 	resp.Body.Close()
 	claimNextThenStop(t, c, lc, a)
 }
+
+// The control plane of test/crash runs without the NodeLifecycleConditions
+// feature gate (test/e2e runs with it): the agent writes the same Node
+// conditions either way (docs/conditions.md).
+func TestConditionsWithoutFeatureGate(t *testing.T) {
+	c, lc, cs, _ := compoundCase(t, "compound-gate-off", false)
+	ctx := context.Background()
+	a := c.start(t, "")
+	waitFor(t, "transition published", 60*time.Second, a, func() bool {
+		_, err := lc.Transitions.Get(ctx, c.node+"-drain", metav1.GetOptions{})
+		return err == nil
+	})
+	createDrain(t, lc, c, c.event, "drain")
+	waitFor(t, "the drain to succeed", 90*time.Second, a, func() bool {
+		ev, err := lc.Events.Get(ctx, c.event, metav1.GetOptions{})
+		return err == nil && ev.Status.ClaimStatus == v1alpha1.LifecycleEventSucceeded && len(ev.Finalizers) == 0
+	})
+	n, err := cs.CoreV1().Nodes().Get(ctx, c.node, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for typ, want := range map[string]string{
+		v1alpha1.NodeConditionLifecycleTransition: "False/DrainComplete",
+		v1alpha1.NodeConditionDrainInProgress:     "False/DrainCompleted",
+		v1alpha1.NodeConditionDrained:             "True/DrainCompleted",
+	} {
+		cond := nodeCondition(n, typ)
+		if cond == nil || string(cond.Status)+"/"+cond.Reason != want {
+			t.Errorf("after the drain, with the gate off: %s = %+v, want %s", typ, cond, want)
+		}
+	}
+	if err := a.stop(20 * time.Second); err != nil {
+		t.Error(err)
+	}
+}
