@@ -37,14 +37,15 @@ func (e *Engine) tryClaim(ctx context.Context, fresh []*v1alpha1.LifecycleEvent)
 		// controller implementing the proposal, another agent given this
 		// node name): our own claimed events are adopted, new ones wait.
 		msg := fmt.Sprintf("waiting: event %s is Claimed on this node by %s", blocker.Name, blocker.Status.Holder.Identity)
-		var mine []*v1alpha1.LifecycleEvent
+		var mine, waiting []*v1alpha1.LifecycleEvent
 		for _, c := range cands {
 			if c.Status.ClaimStatus == v1alpha1.LifecycleEventClaimed {
 				mine = append(mine, c)
 			} else {
-				e.markPending(ctx, c, msg, false)
+				waiting = append(waiting, c)
 			}
 		}
+		e.markQueue(ctx, waiting, msg)
 		cands = mine
 	}
 	e.slotQueued = false
@@ -63,11 +64,13 @@ func (e *Engine) tryClaim(ctx context.Context, fresh []*v1alpha1.LifecycleEvent)
 			if a.name == e.planned {
 				e.planned = "" // the claim's conditions end MaintenancePlanned
 			}
+			var waiting []*v1alpha1.LifecycleEvent
 			for _, c := range cands[i+1:] {
 				if c.Status.ClaimStatus == "" || c.Status.ClaimStatus == v1alpha1.LifecycleEventPending {
-					e.markPending(ctx, c, fmt.Sprintf("waiting: event %s runs on this node", a.name), false)
+					waiting = append(waiting, c)
 				}
 			}
+			e.markQueue(ctx, waiting, fmt.Sprintf("waiting: event %s runs on this node", a.name))
 			return a
 		}
 	}
@@ -114,6 +117,23 @@ func (e *Engine) markPending(ctx context.Context, cached *v1alpha1.LifecycleEven
 		return
 	}
 	e.log.Info("event waits", "event", ev.Name, "why", msg)
+}
+
+// queuedBehind is the message of events queued behind the next in line:
+// it names no event, so that a long queue costs one status write per event,
+// not one per event and per claim.
+const queuedBehind = "waiting: queued behind earlier events of this node (one at a time, oldest first)"
+
+// markQueue marks the events waiting behind another (oldest first) Pending:
+// the next in line says what it waits for (msg), the others queuedBehind.
+func (e *Engine) markQueue(ctx context.Context, waiting []*v1alpha1.LifecycleEvent, msg string) {
+	for i, c := range waiting {
+		m := queuedBehind
+		if i == 0 {
+			m = msg
+		}
+		e.markPending(ctx, c, m, false)
+	}
 }
 
 // queueForSlot marks ev Pending on its disruption budget, naming the

@@ -199,7 +199,19 @@ func TestNodeConditionSequences(t *testing.T) {
 			!strings.Contains(ev.Status.Message, "cond-rack-0: event cond-blocker (cond-spare/other)") {
 			t.Errorf("queued for its slot the event is %s (sla %v): %q; want Pending, no sla yet, the holder named", ev.Status.ClaimStatus, ev.Status.Sla, ev.Status.Message)
 		}
+		// The other node's event ends: it is deleted and its holder gives
+		// the slot back (the admission policy lets a node take a live
+		// slot from another only once it has expired).
 		if err := lc.Events.Delete(ctx, blocker.Name, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		held, err := lc.Leases(v1alpha1.SystemNamespace).Get(ctx, "cond-rack-0", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		empty := ""
+		held.Spec.HolderIdentity = &empty
+		if _, err := lc.Leases(v1alpha1.SystemNamespace).Update(ctx, held, metav1.UpdateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 		if ev := waitEvent(t, "cond-reboot", time.Minute); ev.Status.ClaimStatus != v1alpha1.LifecycleEventSucceeded {
