@@ -301,9 +301,10 @@ func (e *Engine) onEvent(name string) {
 }
 
 // untrusted reports whether the watch's cache may be missing changes: the
-// server does not answer, or the watch failed within watchDegraded.
+// server does not answer, no watch is open (the reflector is backing off),
+// or the watch failed within watchDegraded.
 func (e *Engine) untrusted(w *apiclient.EventWatch) bool {
-	return !e.cfg.API.Contact().Reachable || e.cfg.Clock.Since(w.LastError()) < watchDegraded
+	return !e.cfg.API.Contact().Reachable || !w.Watching() || e.cfg.Clock.Since(w.LastError()) < watchDegraded
 }
 
 // sameLive reports whether ev is a's event (same UID, when a has one) and

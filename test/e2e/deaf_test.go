@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -116,5 +117,67 @@ func TestClaimsAfterEveryOutage(t *testing.T) {
 		if err := lc.Events.Delete(context.Background(), name, metav1.DeleteOptions{}); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// client-go's reflector backs off before it lists and watches again after
+// a watch ended with an error (0.8 s, doubling with each within 2 minutes,
+// up to 30 s and more with jitter), and tells no error handler: until its
+// next try its cache misses everything, however healthy the server. Four
+// half-open outages (each watch found dead by the HTTP/2 health check) grow
+// that back-off; after 36 s without failures (the engine's window after a
+// failed list has passed) a fifth ends the watch again, the reflector now
+// waits 12 s or more, and an event created after the agent has listed
+// again must still be claimed within healBound: the engine lists while no watch is open
+// (apiclient EventWatch.Watching). Before, it trusted the cache and the
+// event waited for the reflector's next try (CI: 15 s and more).
+func TestClaimsWhileTheWatchBacksOff(t *testing.T) {
+	node := "backoff-node"
+	newNode(t, node)
+	proxy, err := env.NewCutProxy()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(proxy.Close)
+	a := startAgent(t, node, agentOpts{retention: time.Hour, rest: proxy.Config(env.NodeConfig(node))})
+	lc := clients(t, env.AdminConfig())
+	waitFor(t, "transitions", 30*time.Second, func() bool {
+		_, err := lc.Transitions.Get(context.Background(), transitionName(node, "uncordon"), metav1.GetOptions{})
+		return err == nil
+	})
+	halfOpen := func() {
+		proxy.Blackhole()
+		time.Sleep(7 * time.Second) // the health check ends the watch after 3 + 3 s
+		proxy.Heal()
+	}
+	for range 4 {
+		halfOpen()
+		time.Sleep(4 * time.Second)
+	}
+	time.Sleep(36 * time.Second)
+	listed := func() int { return strings.Count(a.logBuf.String(), "listed this node's events after an outage") }
+	before := listed()
+	halfOpen()
+	// Once the agent has listed after the heal it has heard from the server
+	// and caught up; the reflector is still backing off.
+	waitFor(t, "the agent's list after the heal", 15*time.Second, func() bool { return listed() > before })
+	time.Sleep(1500 * time.Millisecond)
+	createEvent(t, "backoff", node, transitionName(node, "uncordon"), nil, nil)
+	created := time.Now()
+	var claimed bool
+	for time.Since(created) < healBound {
+		ev, err := lc.Events.Get(context.Background(), "backoff", metav1.GetOptions{})
+		if err == nil && ev.Status.ClaimStatus != "" && ev.Status.ClaimStatus != v1alpha1.LifecycleEventPending {
+			claimed = true
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Logf("claimed %s after the creation", time.Since(created).Round(time.Millisecond))
+	if !claimed {
+		t.Fatalf("event not claimed %s after its creation, the agent had listed after the heal\nagent log:\n%s", healBound, a.logBuf.String())
+	}
+	if ev := waitEvent(t, "backoff", time.Minute); ev.Status.ClaimStatus != v1alpha1.LifecycleEventSucceeded {
+		t.Fatalf("ended %s: %s", ev.Status.ClaimStatus, ev.Status.Message)
 	}
 }
