@@ -20,3 +20,25 @@ func TestNodeLifecycleConditionTypes(t *testing.T) {
 		}
 	}
 }
+
+// Every upstream type is in the list tools show.
+func TestNodeConditionTypesListed(t *testing.T) {
+	listed := map[string]bool{}
+	for _, c := range NodeConditionTypes {
+		if listed[c] {
+			t.Errorf("%s listed twice", c)
+		}
+		listed[c] = true
+	}
+	for _, c := range []corev1.NodeConditionType{corev1.NodeDrainInProgress, corev1.NodeDrained, corev1.NodeMaintenancePlanned,
+		corev1.NodeMaintenanceInProgress, corev1.NodeGracefulNodeShutdownInProgress} {
+		if !listed[string(c)] {
+			t.Errorf("NodeConditionTypes lacks %s", c)
+		}
+	}
+	for _, c := range []string{NodeConditionLifecycleTransition, NodeConditionGPUHealthy} {
+		if !listed[c] {
+			t.Errorf("NodeConditionTypes lacks %s", c)
+		}
+	}
+}

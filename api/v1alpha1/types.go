@@ -318,6 +318,18 @@ const (
 	NodeConditionGPUHealthy                     = "GPUHealthy"
 )
 
+// NodeConditionTypes is every Node condition type the agent writes, in the
+// order tools show them (kubectl lifecycle status).
+var NodeConditionTypes = []string{
+	NodeConditionLifecycleTransition,
+	NodeConditionMaintenancePlanned,
+	NodeConditionDrainInProgress,
+	NodeConditionDrained,
+	NodeConditionMaintenanceInProgress,
+	NodeConditionGracefulNodeShutdownInProgress,
+	NodeConditionGPUHealthy,
+}
+
 // SystemNamespace holds the per-node and disruption-slot Leases.
 const SystemNamespace = "lifecycle-system"
 

@@ -17,15 +17,6 @@ import (
 	"github.com/lifecycle-agent/lifecycle-agent/internal/apiclient"
 )
 
-// nodeLifecycleConditions are the Node conditions the agent writes.
-var nodeLifecycleConditions = []string{
-	v1alpha1.NodeConditionLifecycleTransition,
-	v1alpha1.NodeConditionDrainInProgress,
-	v1alpha1.NodeConditionDrained,
-	v1alpha1.NodeConditionMaintenanceInProgress,
-	v1alpha1.NodeConditionGracefulNodeShutdownInProgress,
-}
-
 func newStatusCmd(o *options) *cobra.Command {
 	var out *outputFlags
 	var selector string
@@ -35,8 +26,9 @@ func newStatusCmd(o *options) *cobra.Command {
 		Long: `Without an argument: a table of every LifecycleEvent (NAME NODE TRANSITION
 STATUS STEP AGE). With a NODE: that node's events and its lifecycle
 conditions. With an EVENT: its steps (state, attempt, times), its conditions
-and its node's lifecycle conditions (LifecycleTransition, DrainInProgress,
-Drained, MaintenanceInProgress, GracefulNodeShutdownInProgress).`,
+and its node's lifecycle conditions (LifecycleTransition, MaintenancePlanned,
+DrainInProgress, Drained, MaintenanceInProgress, GracefulNodeShutdownInProgress,
+GPUHealthy).`,
 		Example: `  kubectl lifecycle status
   kubectl lifecycle status node-a
   kubectl lifecycle status node-a-drain-x7k2p
@@ -232,7 +224,7 @@ func (o *options) nodeBlock(w io.Writer, node *corev1.Node) {
 	}
 	fmt.Fprintf(w, "  %s\n", sched)
 	var conds []corev1.NodeCondition
-	for _, typ := range nodeLifecycleConditions {
+	for _, typ := range v1alpha1.NodeConditionTypes {
 		for _, c := range node.Status.Conditions {
 			if string(c.Type) == typ {
 				conds = append(conds, c)

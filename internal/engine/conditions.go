@@ -186,6 +186,10 @@ func (a *active) eventConditions(end string) []apiclient.NodeCondition {
 			out = append(out, cond(v1alpha1.NodeConditionDrained, true, ReasonDrainCompleted, msg("no evictable pod left on the node")))
 		case done("uncordon"):
 			out = append(out, cond(v1alpha1.NodeConditionDrained, false, ReasonReturnedToService, msg("uncordoned: back in service")))
+		case criteria && a.returned:
+			// A later step failed (or the event was cancelled) after the
+			// drain completed, and the abort uncordoned the node.
+			out = append(out, cond(v1alpha1.NodeConditionDrained, false, ReasonReturnedToService, msg("ended "+strings.ToLower(end)+"; uncordoned by its abort: back in service")))
 		default:
 			out = append(out, cond(v1alpha1.NodeConditionDrained, false, ReasonDrainIncomplete, msg("drain criteria not met")))
 		}

@@ -33,6 +33,11 @@ type active struct {
 	nodeStarted   bool   // the Node condition "in progress" is queued
 	lastNode      string // the Node conditions last queued (pushNode)
 	resumed       bool   // from the journal after a restart (not claimed by this process)
+	// returned: the abort undid everything, the cordon included, so a
+	// drain this event completed no longer holds (Drained=False/
+	// ReturnedToService). Set again when an abort is replayed; the
+	// engine's goroutine alone reads and writes it.
+	returned bool
 	// outcome is journaled (attrs) when the abort or the finish begins.
 	outcome    journal.Outcome
 	outcomeMsg string
@@ -391,6 +396,7 @@ func (e *Engine) abort(ctx context.Context, a *active, outcome journal.Outcome, 
 	}
 	rt := &stepRuntime{e: e, a: a}
 	var err error
+	notOurs := false
 	if ab, ok := a.driver.(drivers.Abortable); ok {
 		err = ab.Abort(ctx, rt)
 	} else {
@@ -403,7 +409,7 @@ func (e *Engine) abort(ctx context.Context, a *active, outcome journal.Outcome, 
 		owned := rt.Owns(cordon)
 		_, err = e.retryAPI(ctx, func(c context.Context) (bool, error) { return e.cfg.API.Uncordon(c, a.name, false) })
 		if errors.Is(err, apiclient.ErrCordonNotOurs) {
-			err = nil
+			err, notOurs = nil, true // someone else's cordon: left alone, the node not back
 		}
 		if err == nil && owned {
 			err = rt.Disown(cordon)
@@ -416,6 +422,7 @@ func (e *Engine) abort(ctx context.Context, a *active, outcome journal.Outcome, 
 		e.log.Error("abort could not undo everything", "event", a.name, "err", err)
 		a.outcomeMsg = truncate(a.outcomeMsg + "; abort: " + err.Error())
 	}
+	a.returned = err == nil && !notOurs
 	return true
 }
 

@@ -20,12 +20,6 @@ import (
 	"github.com/lifecycle-agent/lifecycle-agent/internal/drivers"
 )
 
-// lifecycleTypes are the condition types the sequence tests record.
-var lifecycleTypes = []string{
-	v1alpha1.NodeConditionLifecycleTransition, v1alpha1.NodeConditionDrainInProgress, v1alpha1.NodeConditionDrained,
-	v1alpha1.NodeConditionMaintenancePlanned, v1alpha1.NodeConditionMaintenanceInProgress,
-}
-
 // condRecorder records, from a watch on one Node, every change of its
 // lifecycle conditions as "Type=Status/Reason", in the order the API
 // server stored them.
@@ -56,7 +50,7 @@ func recordConditions(t *testing.T, node string) *condRecorder {
 			}
 			r.mu.Lock()
 			r.n++
-			for _, typ := range lifecycleTypes {
+			for _, typ := range v1alpha1.NodeConditionTypes {
 				c := nodeCondition(n, typ)
 				if c == nil {
 					continue

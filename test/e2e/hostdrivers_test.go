@@ -114,18 +114,38 @@ func TestOSUpgradeDriver(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitTransition(t, transitionName(node, "os-upgrade"))
+	rec := recordConditions(t, node)
+	const (
+		lt, dip, drained = v1alpha1.NodeConditionLifecycleTransition, v1alpha1.NodeConditionDrainInProgress, v1alpha1.NodeConditionDrained
+		planned, mip     = v1alpha1.NodeConditionMaintenancePlanned, v1alpha1.NodeConditionMaintenanceInProgress
+	)
 	tests := []struct {
 		name   string
 		params map[string]string
 		want   v1alpha1.LifecycleEventClaimStatus
 		says   string
+		// the Node conditions it writes, in order (docs/conditions.md),
+		// and prefixes it must never write
+		conds []string
+		never []string
 	}{
-		{name: "profile", params: map[string]string{"profile": "debian-full-upgrade", "targetVersionID": "13", "targetKernel": "6.12.0-1-amd64"}, want: v1alpha1.LifecycleEventSucceeded},
-		{name: "version mismatch", params: map[string]string{"profile": "debian-full-upgrade", "targetVersionID": "14"}, want: v1alpha1.LifecycleEventFailed, says: "14"},
-		{name: "unknown profile", params: map[string]string{"profile": "rm-rf"}, want: v1alpha1.LifecycleEventFailed, says: "debian-full-upgrade"},
+		{name: "profile", params: map[string]string{"profile": "debian-full-upgrade", "targetVersionID": "13", "targetKernel": "6.12.0-1-amd64"}, want: v1alpha1.LifecycleEventSucceeded,
+			conds: []string{lt + "=True/OSUpgradeStarted", dip + "=True/AdminRequested", dip + "=False/DrainCompleted", drained + "=True/DrainCompleted",
+				mip + "=True/AdminRequested", drained + "=False/ReturnedToService", mip + "=False/MaintenanceCompleted", lt + "=False/OSUpgradeComplete"},
+			never: []string{planned}},
+		// The version check after the boot fails: the node is returned to
+		// service all the same, and the conditions say the event failed.
+		{name: "version mismatch", params: map[string]string{"profile": "debian-full-upgrade", "targetVersionID": "14"}, want: v1alpha1.LifecycleEventFailed, says: "14",
+			conds: []string{lt + "=True/OSUpgradeStarted", drained + "=True/DrainCompleted", mip + "=True/AdminRequested",
+				drained + "=False/ReturnedToService", mip + "=False/EventFailed", lt + "=False/Failed"},
+			never: []string{planned, lt + "=False/OSUpgradeComplete"}},
+		// Refused before any step: no drain, no maintenance.
+		{name: "unknown profile", params: map[string]string{"profile": "rm-rf"}, want: v1alpha1.LifecycleEventFailed, says: "debian-full-upgrade",
+			never: []string{dip, mip, planned, drained + "=True"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
+			m := rec.mark()
 			name := "upgrade-" + strings.ReplaceAll(tc.name, " ", "-")
 			createEvent(t, name, node, transitionName(node, "os-upgrade"), tc.params, nil)
 			ev := waitEvent(t, name, 2*time.Minute)
@@ -135,6 +155,7 @@ func TestOSUpgradeDriver(t *testing.T) {
 			if getNode(t, node).Spec.Unschedulable {
 				t.Fatal("node left cordoned")
 			}
+			rec.expect(t, m, tc.conds, tc.never...)
 		})
 	}
 }

@@ -49,6 +49,7 @@ func TestShutdownAndNextBoot(t *testing.T) {
 	node := "shutdown-node"
 	newNode(t, node)
 	srv := logindtest.Start(t, logindtest.Options{InhibitDelayMax: 30 * time.Second})
+	rec := recordConditions(t, node)
 	a := startAgent(t, node, agentOpts{retention: time.Hour, logind: srv.Address()})
 	lock := waitDelayLock(t, srv)
 
@@ -85,13 +86,27 @@ func TestShutdownAndNextBoot(t *testing.T) {
 			gns != nil && gns.Status == corev1.ConditionFalse && gns.Reason == "NodeStarted" && !n.Spec.Unschedulable
 	})
 	waitDelayLock(t, srv2)
+	// The whole sequence, in the order the API server stored it
+	// (docs/conditions.md): no drain, no maintenance of an event.
+	rec.expect(t, 0, []string{
+		cLT + "=True/ShuttingDown", cGNS + "=True/NodeShutdown",
+		cGNS + "=False/NodeStarted", cLT + "=False/ShutdownComplete",
+	}, cDIP, cDrained, cMIP, cPlanned)
 }
+
+// Short names of the condition types for the sequences above and below.
+const (
+	cLT, cDIP, cDrained = v1alpha1.NodeConditionLifecycleTransition, v1alpha1.NodeConditionDrainInProgress, v1alpha1.NodeConditionDrained
+	cPlanned, cMIP      = v1alpha1.NodeConditionMaintenancePlanned, v1alpha1.NodeConditionMaintenanceInProgress
+	cGNS                = v1alpha1.NodeConditionGracefulNodeShutdownInProgress
+)
 
 // PrepareForShutdown(false): the lock is taken again and the cordon reverted.
 func TestShutdownCancelled(t *testing.T) {
 	node := "shutdown-cancel-node"
 	newNode(t, node)
 	srv := logindtest.Start(t, logindtest.Options{InhibitDelayMax: 30 * time.Second})
+	rec := recordConditions(t, node)
 	startAgent(t, node, agentOpts{retention: time.Hour, logind: srv.Address()})
 	lock := waitDelayLock(t, srv)
 	if err := srv.EmitPrepareForShutdown(true); err != nil {
@@ -110,6 +125,10 @@ func TestShutdownCancelled(t *testing.T) {
 		lt, gns, n := shutdownConds(t, node)
 		return !n.Spec.Unschedulable && lt != nil && lt.Reason == "ShutdownCancelled" && gns != nil && gns.Status == corev1.ConditionFalse && gns.Reason == "ShutdownCancelled"
 	})
+	rec.expect(t, 0, []string{
+		cLT + "=True/ShuttingDown", cGNS + "=True/NodeShutdown",
+		cGNS + "=False/ShutdownCancelled", cLT + "=False/ShutdownCancelled",
+	}, cDIP, cDrained, cMIP, cPlanned)
 }
 
 // With the API server down the journal is still written and the lock still

@@ -22,6 +22,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/util/retry"
 
 	"github.com/lifecycle-agent/lifecycle-agent/api/v1alpha1"
 )
@@ -118,6 +119,25 @@ func TestDrainRebootUncordon(t *testing.T) {
 		t.Errorf("history: %d Succeeded events, want at least 2 (drain, uncordon)", got)
 	}
 	wantContains(t, r.stdout, "Failed", "history (the bad-parameter drain)")
+
+	// status NODE lists every lifecycle condition the Node has, those a
+	// queued event (MaintenancePlanned) and the GPU check write included.
+	if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		n := getNode(t, node)
+		now := metav1.Now()
+		n.Status.Conditions = append(n.Status.Conditions,
+			corev1.NodeCondition{Type: v1alpha1.NodeConditionMaintenancePlanned, Status: corev1.ConditionFalse, Reason: "MaintenanceStarted", Message: "planted by the test", LastTransitionTime: now, LastHeartbeatTime: now},
+			corev1.NodeCondition{Type: v1alpha1.NodeConditionGPUHealthy, Status: corev1.ConditionTrue, Reason: "AllGPUsHealthy", Message: "planted by the test", LastTransitionTime: now, LastHeartbeatTime: now})
+		_, err := core.CoreV1().Nodes().UpdateStatus(context.Background(), n, metav1.UpdateOptions{})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	r = plugin(t, 30*time.Second, "status", node)
+	wantExit(t, r, 0, "status NODE")
+	for _, s := range []string{"MaintenancePlanned", "MaintenanceStarted", "GPUHealthy", "AllGPUsHealthy"} {
+		wantContains(t, r.stdout, s, "status NODE")
+	}
 
 	// run without --wait: the name, then cancel --wait.
 	r = plugin(t, 30*time.Second, "run", "uncordon", node)
