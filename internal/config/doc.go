@@ -60,6 +60,16 @@
 // drivers.<name>.enabled is a tri-state *bool: nil means the driver's
 // default, which Config.DriverEnabled resolves (gpu-reset needs NVML,
 // os-upgrade needs a profile).
+//
+// # No key that does nothing
+//
+// effect_test.go walks every key of the table the reference is generated
+// from: a non-default value of each reaches its Config field and no other
+// (TestEveryKeyReachesItsField), and each field, and each field of the
+// structured keys, is read by code outside this package, directly or
+// through a Config method called from outside (TestEveryKeyIsRead). A key
+// added without a reader fails there; what each reader does is proven by
+// the behaviour tests (test/e2e TestDrainTimeout, ...).
 package config
 
 //go:generate go run ./gen-docs -root ../..
