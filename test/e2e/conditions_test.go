@@ -2,121 +2,25 @@ package e2e
 
 import (
 	"context"
-	"fmt"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	coordv1 "k8s.io/api/coordination/v1"
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/client-go/kubernetes"
 
 	"github.com/lifecycle-agent/lifecycle-agent/api/v1alpha1"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/apiclient"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/config"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/drivers"
+	"github.com/lifecycle-agent/lifecycle-agent/test/testenv"
 )
 
-// condRecorder records, from a watch on one Node, every change of its
-// lifecycle conditions as "Type=Status/Reason", in the order the API
-// server stored them.
-type condRecorder struct {
-	mu    sync.Mutex
-	seen  []string
-	group []int // seen[i] came in the group-th Node update: one patch, in no order
-	last  map[string]string
-	n     int
-}
-
-func recordConditions(t *testing.T, node string) *condRecorder {
+// recordConditions records node's lifecycle conditions as the API server
+// stores them (testenv.ConditionRecorder).
+func recordConditions(t *testing.T, node string) *testenv.ConditionRecorder {
 	t.Helper()
-	cs := kubernetes.NewForConfigOrDie(env.AdminConfig())
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	w, err := cs.CoreV1().Nodes().Watch(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", node).String()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := &condRecorder{last: map[string]string{}}
-	go func() {
-		defer w.Stop()
-		for ev := range w.ResultChan() {
-			n, ok := ev.Object.(*corev1.Node)
-			if !ok {
-				continue
-			}
-			r.mu.Lock()
-			r.n++
-			for _, typ := range v1alpha1.NodeConditionTypes {
-				c := nodeCondition(n, typ)
-				if c == nil {
-					continue
-				}
-				v := fmt.Sprintf("%s=%s/%s", typ, c.Status, c.Reason)
-				if key := v + " " + c.Message; r.last[typ] != key {
-					r.last[typ] = key
-					r.seen = append(r.seen, v)
-					r.group = append(r.group, r.n)
-				}
-			}
-			r.mu.Unlock()
-		}
-	}()
-	return r
-}
-
-// mark returns the position to check from next.
-func (r *condRecorder) mark() int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return len(r.seen)
-}
-
-// expect waits until the changes recorded from position from contain want
-// in that order (other changes may come between; changes of one Node
-// update may match in any order), and that none of them is in never.
-func (r *condRecorder) expect(t *testing.T, from int, want []string, never ...string) {
-	t.Helper()
-	var got []string
-	ok := false
-	deadline := time.Now().Add(20 * time.Second)
-	for !ok && time.Now().Before(deadline) {
-		r.mu.Lock()
-		got = append([]string(nil), r.seen[from:]...)
-		groups := append([]int(nil), r.group[from:]...)
-		r.mu.Unlock()
-		used := make([]bool, len(got))
-		lastGroup, i := 0, 0
-		for ; i < len(want); i++ {
-			found := false
-			for j, g := range got {
-				if !used[j] && groups[j] >= lastGroup && g == want[i] {
-					used[j], lastGroup, found = true, groups[j], true
-					break
-				}
-			}
-			if !found {
-				break
-			}
-		}
-		ok = i == len(want)
-		if !ok {
-			time.Sleep(100 * time.Millisecond)
-		}
-	}
-	if !ok {
-		t.Fatalf("Node conditions changed\n  %s\nwant, in this order,\n  %s", strings.Join(got, "\n  "), strings.Join(want, "\n  "))
-	}
-	for _, g := range got {
-		for _, n := range never {
-			if strings.HasPrefix(g, n) {
-				t.Errorf("Node condition %s written; never expected %s here:\n  %s", g, n, strings.Join(got, "\n  "))
-			}
-		}
-	}
+	return testenv.RecordConditions(t, env.AdminConfig(), node)
 }
 
 // The Node Lifecycle Conditions (KEP-5683 as merged) and the proposal's
@@ -144,24 +48,24 @@ func TestNodeConditionSequences(t *testing.T) {
 	)
 
 	t.Run("drain", func(t *testing.T) {
-		m := rec.mark()
+		m := rec.Mark()
 		createEvent(t, "cond-drain", node, transitionName(node, "drain"), nil, nil)
 		if ev := waitEvent(t, "cond-drain", time.Minute); ev.Status.ClaimStatus != v1alpha1.LifecycleEventSucceeded {
 			t.Fatalf("drain: %s %s", ev.Status.ClaimStatus, ev.Status.Message)
 		}
-		rec.expect(t, m, []string{
+		rec.Expect(t, m, []string{
 			lt + "=True/DrainStarted", dip + "=True/AdminRequested",
 			dip + "=False/DrainCompleted", drained + "=True/DrainCompleted", lt + "=False/DrainComplete",
 		}, mip, planned)
 	})
 
 	t.Run("uncordon puts the node back in service", func(t *testing.T) {
-		m := rec.mark()
+		m := rec.Mark()
 		createEvent(t, "cond-uncordon", node, transitionName(node, "uncordon"), nil, nil)
 		if ev := waitEvent(t, "cond-uncordon", time.Minute); ev.Status.ClaimStatus != v1alpha1.LifecycleEventSucceeded {
 			t.Fatalf("uncordon: %s %s", ev.Status.ClaimStatus, ev.Status.Message)
 		}
-		rec.expect(t, m, []string{lt + "=True/Uncordoning", drained + "=False/ReturnedToService", lt + "=False/MaintenanceComplete"}, dip+"=True", mip)
+		rec.Expect(t, m, []string{lt + "=True/Uncordoning", drained + "=False/ReturnedToService", lt + "=False/MaintenanceComplete"}, dip+"=True", mip)
 	})
 
 	t.Run("reboot asked by a local pipeline, queued behind a disruption slot", func(t *testing.T) {
@@ -181,14 +85,14 @@ func TestNodeConditionSequences(t *testing.T) {
 		if _, err := lc.Leases(v1alpha1.SystemNamespace).Create(ctx, slot, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		m := rec.mark()
+		m := rec.Mark()
 		ev := &v1alpha1.LifecycleEvent{ObjectMeta: metav1.ObjectMeta{Name: "cond-reboot", Labels: map[string]string{"lifecycle.x-k8s.io/requested-by": "local"}},
 			Spec: v1alpha1.LifecycleEventSpec{TransitionName: transitionName(node, "reboot"), BindingNode: node,
 				Disruption: &v1alpha1.DisruptionBudget{Group: "cond-rack", MaxConcurrent: 1}}}
 		if _, err := lc.Events.Create(ctx, ev, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		rec.expect(t, m, []string{planned + "=True/LocalRequest"}, dip+"=True")
+		rec.Expect(t, m, []string{planned + "=True/LocalRequest"}, dip+"=True")
 		if ev, _ := lc.Events.Get(ctx, "cond-reboot", metav1.GetOptions{}); ev.Status.ClaimStatus != v1alpha1.LifecycleEventPending || ev.Status.Sla != nil ||
 			!strings.Contains(ev.Status.Message, "cond-rack-0: event cond-blocker (cond-spare/other)") {
 			t.Errorf("queued for its slot the event is %s (sla %v): %q; want Pending, no sla yet, the holder named", ev.Status.ClaimStatus, ev.Status.Sla, ev.Status.Message)
@@ -211,7 +115,7 @@ func TestNodeConditionSequences(t *testing.T) {
 		if ev := waitEvent(t, "cond-reboot", time.Minute); ev.Status.ClaimStatus != v1alpha1.LifecycleEventSucceeded {
 			t.Fatalf("reboot: %s %s", ev.Status.ClaimStatus, ev.Status.Message)
 		}
-		rec.expect(t, m, []string{
+		rec.Expect(t, m, []string{
 			planned + "=True/LocalRequest", lt + "=True/RebootStarted", planned + "=False/MaintenanceStarted",
 			dip + "=True/LocalRequest", dip + "=False/DrainCompleted", drained + "=True/DrainCompleted",
 			mip + "=True/LocalRequest", drained + "=False/ReturnedToService",
@@ -220,37 +124,37 @@ func TestNodeConditionSequences(t *testing.T) {
 	})
 
 	t.Run("exec driver", func(t *testing.T) {
-		m := rec.mark()
+		m := rec.Mark()
 		createEvent(t, "cond-flash", node, transitionName(node, "flash"), nil, nil)
 		if ev := waitEvent(t, "cond-flash", time.Minute); ev.Status.ClaimStatus != v1alpha1.LifecycleEventSucceeded {
 			t.Fatalf("flash: %s %s", ev.Status.ClaimStatus, ev.Status.Message)
 		}
 		// Its one step runs at once (simulate mode): the True state may be
 		// superseded in the outbox before it is sent; the end is not.
-		rec.expect(t, m, []string{lt + "=True/FlashStarted", mip + "=False/MaintenanceCompleted", lt + "=False/FlashComplete"}, dip, drained)
+		rec.Expect(t, m, []string{lt + "=True/FlashStarted", mip + "=False/MaintenanceCompleted", lt + "=False/FlashComplete"}, dip, drained)
 	})
 
 	t.Run("a disruptive driver's step in progress", func(t *testing.T) {
-		m := rec.mark()
+		m := rec.Mark()
 		createEvent(t, "cond-maint", node, transitionName(node, "maint"), nil, nil)
-		rec.expect(t, m, []string{lt + "=True/GateStarted", mip + "=True/AdminRequested"}, dip, drained)
+		rec.Expect(t, m, []string{lt + "=True/GateStarted", mip + "=True/AdminRequested"}, dip, drained)
 		gate.open("work")
 		if ev := waitEvent(t, "cond-maint", time.Minute); ev.Status.ClaimStatus != v1alpha1.LifecycleEventSucceeded {
 			t.Fatalf("maint: %s %s", ev.Status.ClaimStatus, ev.Status.Message)
 		}
-		rec.expect(t, m, []string{mip + "=False/MaintenanceCompleted", lt + "=False/GateComplete"})
+		rec.Expect(t, m, []string{mip + "=False/MaintenanceCompleted", lt + "=False/GateComplete"})
 	})
 
 	t.Run("a cancelled drain", func(t *testing.T) {
 		// A budget that allows no eviction holds the drain; then it is deleted.
 		startWorkload(t, "cond-ns2", node, spare, 1, 1)
-		m := rec.mark()
+		m := rec.Mark()
 		createEvent(t, "cond-cancel", node, transitionName(node, "drain"), nil, nil)
-		rec.expect(t, m, []string{dip + "=True/AdminRequested"})
+		rec.Expect(t, m, []string{dip + "=True/AdminRequested"})
 		if err := clients(t, env.AdminConfig()).Events.Delete(context.Background(), "cond-cancel", metav1.DeleteOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		rec.expect(t, m, []string{drained + "=False/DrainIncomplete", dip + "=False/EventCancelled", lt + "=False/Cancelled"}, drained+"=True")
+		rec.Expect(t, m, []string{drained + "=False/DrainIncomplete", dip + "=False/EventCancelled", lt + "=False/Cancelled"}, drained+"=True")
 	})
 }
 

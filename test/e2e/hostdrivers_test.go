@@ -145,7 +145,7 @@ func TestOSUpgradeDriver(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			m := rec.mark()
+			m := rec.Mark()
 			name := "upgrade-" + strings.ReplaceAll(tc.name, " ", "-")
 			createEvent(t, name, node, transitionName(node, "os-upgrade"), tc.params, nil)
 			ev := waitEvent(t, name, 2*time.Minute)
@@ -155,7 +155,7 @@ func TestOSUpgradeDriver(t *testing.T) {
 			if getNode(t, node).Spec.Unschedulable {
 				t.Fatal("node left cordoned")
 			}
-			rec.expect(t, m, tc.conds, tc.never...)
+			rec.Expect(t, m, tc.conds, tc.never...)
 		})
 	}
 }

@@ -88,7 +88,7 @@ func TestShutdownAndNextBoot(t *testing.T) {
 	waitDelayLock(t, srv2)
 	// The whole sequence, in the order the API server stored it
 	// (docs/conditions.md): no drain, no maintenance of an event.
-	rec.expect(t, 0, []string{
+	rec.Expect(t, 0, []string{
 		cLT + "=True/ShuttingDown", cGNS + "=True/NodeShutdown",
 		cGNS + "=False/NodeStarted", cLT + "=False/ShutdownComplete",
 	}, cDIP, cDrained, cMIP, cPlanned)
@@ -125,7 +125,7 @@ func TestShutdownCancelled(t *testing.T) {
 		lt, gns, n := shutdownConds(t, node)
 		return !n.Spec.Unschedulable && lt != nil && lt.Reason == "ShutdownCancelled" && gns != nil && gns.Status == corev1.ConditionFalse && gns.Reason == "ShutdownCancelled"
 	})
-	rec.expect(t, 0, []string{
+	rec.Expect(t, 0, []string{
 		cLT + "=True/ShuttingDown", cGNS + "=True/NodeShutdown",
 		cGNS + "=False/ShutdownCancelled", cLT + "=False/ShutdownCancelled",
 	}, cDIP, cDrained, cMIP, cPlanned)
