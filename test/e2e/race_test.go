@@ -203,3 +203,81 @@ func TestDisruptionBudget(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// Events created all at once for one disruption group of maxConcurrent 1
+// queue, Pending, and run one at a time; the slot is taken before the
+// claim, so the sla clock (which starts at the claim) does not run while
+// an event waits: the last one waits longer than its transition's sla and
+// still Succeeds (issue 13.2).
+func TestQueueDoesNotSpendSla(t *testing.T) {
+	nodes := []string{"queue-a", "queue-b", "queue-c"}
+	gates := map[string]*gateDriver{}
+	lc := clients(t, env.AdminConfig())
+	ctx := context.Background()
+	const sla = 6 * time.Second
+	for _, n := range nodes {
+		gates[n] = newGateDriver("queue", true, "work")
+		newNode(t, n)
+		startAgent(t, n, agentOpts{retention: time.Hour, extra: []drivers.Driver{gates[n]}})
+	}
+	for _, n := range nodes {
+		waitFor(t, "transitions", 30*time.Second, func() bool {
+			_, err := lc.Transitions.Get(ctx, transitionName(n, "queue"), metav1.GetOptions{})
+			return err == nil
+		})
+		// An admin's transition for the driver, with a short sla.
+		pub, err := lc.Transitions.Get(ctx, transitionName(n, "queue"), metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		own := &v1alpha1.LifecycleTransition{ObjectMeta: metav1.ObjectMeta{Name: transitionName(n, "queue") + "-sla"}, Spec: pub.Spec}
+		own.Spec.Sla = &metav1.Duration{Duration: sla}
+		if _, err := lc.Transitions.Create(ctx, own, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d := &v1alpha1.DisruptionBudget{Group: "queue-rack", MaxConcurrent: 1}
+	created := time.Now()
+	for _, n := range nodes {
+		createEvent(t, "q-"+n, n, transitionName(n, "queue")+"-sla", nil, d)
+	}
+	done := map[string]bool{}
+	for round := range nodes {
+		// Exactly one event runs; the others are Pending, saying they wait.
+		var running string
+		waitFor(t, fmt.Sprintf("round %d: one event claimed", round), 30*time.Second, func() bool {
+			running = ""
+			claimed := 0
+			for _, n := range nodes {
+				ev, err := lc.Events.Get(ctx, "q-"+n, metav1.GetOptions{})
+				if err != nil {
+					return false
+				}
+				switch ev.Status.ClaimStatus {
+				case v1alpha1.LifecycleEventClaimed:
+					claimed++
+					running = n
+				case v1alpha1.LifecycleEventPending, "":
+				default:
+					if !done[n] {
+						t.Fatalf("q-%s ended %s while the queue ran: %s", n, ev.Status.ClaimStatus, ev.Status.Message)
+					}
+				}
+			}
+			if claimed > 1 {
+				t.Fatalf("round %d: %d events Claimed at once in a group of maxConcurrent 1", round, claimed)
+			}
+			return claimed == 1
+		})
+		time.Sleep(3500 * time.Millisecond) // each runs 3.5 s: the last waits 7 s > sla
+		gates[running].open("work")
+		ev := waitEvent(t, "q-"+running, 30*time.Second)
+		if ev.Status.ClaimStatus != v1alpha1.LifecycleEventSucceeded {
+			t.Fatalf("round %d: q-%s ended %s: %s", round, running, ev.Status.ClaimStatus, ev.Status.Message)
+		}
+		done[running] = true
+	}
+	if waited := time.Since(created); waited < sla+3*time.Second {
+		t.Fatalf("the queue took %s: not longer than the sla (%s), so the test proved nothing", waited.Round(time.Millisecond), sla)
+	}
+}
