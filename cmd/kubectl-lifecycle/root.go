@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"strings"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 	"k8s.io/cli-runtime/pkg/genericclioptions"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/utils/clock"
 
 	"github.com/lifecycle-agent/lifecycle-agent/internal/apiclient"
@@ -62,6 +64,9 @@ func (o *options) clients() (*clients, error) {
 	if o.cl != nil {
 		return o.cl, nil
 	}
+	if err := o.haveKubeconfig(); err != nil {
+		return nil, err
+	}
 	cfg, err := o.flags.ToRESTConfig()
 	if err != nil {
 		return nil, fail(exitFailed, "kubeconfig: %v", err)
@@ -81,6 +86,33 @@ func (o *options) clients() (*clients, error) {
 	}
 	o.cl = &clients{lc: lc, core: core}
 	return o.cl, nil
+}
+
+// haveKubeconfig refuses to go on when no kubeconfig names a cluster and
+// neither --server nor an in-cluster service account says where one is:
+// client-go would fall back to http://localhost:8080 and the user would
+// read a refused connection to a server they never named.
+func (o *options) haveKubeconfig() error {
+	if o.flags.APIServer != nil && *o.flags.APIServer != "" {
+		return nil
+	}
+	if os.Getenv("KUBERNETES_SERVICE_HOST") != "" {
+		return nil // in a pod: client-go uses the service account
+	}
+	raw, err := o.flags.ToRawKubeConfigLoader().RawConfig()
+	if err != nil {
+		return fail(exitFailed, "kubeconfig: %v", err)
+	}
+	if len(raw.Clusters) > 0 {
+		return nil
+	}
+	where := clientcmd.RecommendedHomeFile
+	if o.flags.KubeConfig != nil && *o.flags.KubeConfig != "" {
+		where = *o.flags.KubeConfig
+	} else if env := os.Getenv(clientcmd.RecommendedConfigPathEnvVar); env != "" {
+		where = "$KUBECONFIG (" + env + ")"
+	}
+	return fail(exitFailed, "no cluster to talk to: no kubeconfig at %s names one; pass --kubeconfig FILE or set KUBECONFIG (an admin's kubeconfig: the plugin creates and reads LifecycleEvents)", where)
 }
 
 // runE adapts a command body: plain errors become exit 1, a cancelled
@@ -151,7 +183,9 @@ created keeps running when the plugin exits.`,
 			cobra.CommandDisplayNameAnnotation: "kubectl lifecycle",
 		},
 		CompletionOptions: cobra.CompletionOptions{HiddenDefaultCmd: true},
+		Version:           version,
 	}
+	root.SetVersionTemplate("kubectl-lifecycle {{.Version}}\n")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageErr("%v", err) })
 	o.flags = genericclioptions.NewConfigFlags(true)
 	o.flags.Namespace = nil // both kinds are cluster-scoped

@@ -3,6 +3,7 @@ package plugin
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"os/exec"
 	"regexp"
@@ -511,5 +512,36 @@ func TestRolloutResumesAfterKill(t *testing.T) {
 	}
 	if o := maxOverlap(evs); o > 2 {
 		t.Errorf("%d events ran at once, want at most 2", o)
+	}
+}
+
+// Without a kubeconfig the plugin says so, naming where it looked, instead
+// of client-go's fallback (a refused connection to localhost:8080, a
+// server nobody named); --version works like kubectl's.
+func TestNoKubeconfig(t *testing.T) {
+	home := t.TempDir()
+	for _, tc := range []struct {
+		name, kubeconfigEnv, where string
+	}{
+		{name: "none", where: home + "/.kube/config"},
+		{name: "KUBECONFIG names a missing file", kubeconfigEnv: home + "/absent", where: "$KUBECONFIG (" + home + "/absent)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cmd := exec.Command(pluginBin, "status")
+			cmd.Env = []string{"HOME=" + home, "PATH=/usr/bin:/bin", "KUBECONFIG=" + tc.kubeconfigEnv}
+			out, err := cmd.CombinedOutput()
+			var ee *exec.ExitError
+			if !errors.As(err, &ee) || ee.ExitCode() != 1 {
+				t.Fatalf("status without a kubeconfig: %v, want exit 1\n%s", err, out)
+			}
+			want := "error: no cluster to talk to: no kubeconfig at " + tc.where + " names one; pass --kubeconfig FILE or set KUBECONFIG"
+			if !strings.Contains(string(out), want) || strings.Contains(string(out), "localhost:8080") || strings.Count(strings.TrimSpace(string(out)), "\n") != 0 {
+				t.Errorf("status without a kubeconfig said\n%s\nwant one line containing %q", out, want)
+			}
+		})
+	}
+	out, err := exec.Command(pluginBin, "--version").CombinedOutput()
+	if err != nil || !strings.HasPrefix(string(out), "kubectl-lifecycle ") || strings.Count(string(out), "\n") != 1 {
+		t.Errorf("--version: %v\n%s\nwant one line: kubectl-lifecycle VERSION", err, out)
 	}
 }
