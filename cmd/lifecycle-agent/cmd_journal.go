@@ -76,6 +76,10 @@ func runJournalVerify(ctx context.Context, e *env) error {
 	if err != nil {
 		return err
 	}
+	if s.Empty {
+		fmt.Fprintf(e.stdout, "%s: ok: empty (0 bytes), a journal never written; the agent starts it afresh\n", s.Path)
+		return nil
+	}
 	fmt.Fprintf(e.stdout, "%s: ok (schema %d, %d bytes): %d events, %d steps, %d outbox, %d owned, %d history\n",
 		s.Path, s.SchemaVersion, s.SizeBytes, s.Events, s.Steps, s.Outbox, s.Owned, s.History)
 	return nil

@@ -96,6 +96,12 @@ func TestSmoke(t *testing.T) {
 	if err := os.WriteFile(garbage, bytes.Repeat([]byte("not a journal "), 5000), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	// A 0-byte journal (a crash or a full disk between bbolt's create and
+	// its first write): not corrupt, the agent starts it afresh.
+	empty := filepath.Join(runDir, "empty.db")
+	if err := os.WriteFile(empty, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
 	versionLine := regexp.QuoteMeta("lifecycle-agent "+smokeVersion+" (commit "+smokeCommit+", ") + `go[0-9.]+.*\)` + "\n$"
 
 	tests := []struct {
@@ -209,6 +215,18 @@ func TestSmoke(t *testing.T) {
 		{
 			name: "journal verify of a missing file", args: []string{"journal", "verify", "--journal", runDir + "/absent.db"}, code: 1,
 			stderr: "lifecycle-agent: journal verify: no journal at " + runDir + "/absent.db (the agent creates it at its first start; is --journal right?)",
+		},
+		{
+			name: "journal verify of an empty file", args: []string{"journal", "verify", "--journal", empty},
+			stdout: "^" + regexp.QuoteMeta(empty+": ok: empty (0 bytes), a journal never written; the agent starts it afresh") + "\n$",
+		},
+		{
+			name: "journal export of an empty file", args: []string{"journal", "export", "--journal", empty},
+			stdout: `(?s)^\{\n  "path": "` + regexp.QuoteMeta(empty) + `",\n  "schemaVersion": 0,\n  "events": \[\],.*"history": \[\]\n\}\n$`,
+		},
+		{
+			name: "journal compact of an empty file", args: []string{"journal", "compact", "--journal", empty},
+			stdout: "^" + regexp.QuoteMeta(empty+": compacted 0 → 0 bytes") + "\n$",
 		},
 		{
 			name: "journal verify of garbage", args: []string{"journal", "verify", "--journal", garbage}, code: 1,

@@ -28,6 +28,18 @@ type Summary struct {
 	Outbox  int `json:"outbox"`
 	Owned   int `json:"owned"`
 	History int `json:"history"`
+	// Empty: the file has 0 bytes. bbolt creates the file before it writes
+	// the first pages, so a crash or a full disk in between leaves one; the
+	// agent starts it as a new journal (Open), so it is not corrupt.
+	Empty bool `json:"empty,omitempty"`
+}
+
+// emptyFile reports whether path is a regular file of 0 bytes: a journal
+// never written (see Summary.Empty). A read-only bbolt open of one fails
+// with a write error ("bad file descriptor"), so the tools look first.
+func emptyFile(path string) bool {
+	fi, err := os.Stat(path)
+	return err == nil && fi.Mode().IsRegular() && fi.Size() == 0
 }
 
 // Verify checks the journal at path with opts' Checker (a subprocess by
@@ -44,6 +56,10 @@ func Verify(ctx context.Context, path string, opts Options) (Summary, error) {
 		return s, fmt.Errorf("journal: verify: %w", err)
 	}
 	s.SizeBytes = fi.Size()
+	if emptyFile(path) {
+		s.Empty = true
+		return s, nil
+	}
 	if err := opts.check(ctx, path); err != nil {
 		if errors.Is(err, ErrSchemaTooNew) {
 			if found, perr := peekSchema(path, opts.LockTimeout); perr == nil && found > SchemaVersion {
@@ -102,12 +118,15 @@ type ExportedEvent struct {
 // (ExportDoc). It opens the file read-only and does not run the subprocess
 // check: run Verify first on a file that may be damaged.
 func Export(path string, w io.Writer) error {
+	doc := ExportDoc{Path: path, Events: []ExportedEvent{}, Outbox: []OutboxEntry{}, Owned: []Change{}, History: []HistoryRecord{}}
+	if emptyFile(path) {
+		return encodeExport(w, path, doc) // nothing in it (schema 0)
+	}
 	db, err := openReadOnly(path, DefaultLockTimeout)
 	if err != nil {
 		return err
 	}
 	defer db.Close()
-	doc := ExportDoc{Path: path, Events: []ExportedEvent{}, Outbox: []OutboxEntry{}, Owned: []Change{}, History: []HistoryRecord{}}
 	j := &Journal{db: db, path: path}
 	err = db.View(func(tx *bolt.Tx) error {
 		v, _, err := schemaVersion(tx)
@@ -146,6 +165,10 @@ func Export(path string, w io.Writer) error {
 	if doc.History, err = j.History(); err != nil {
 		return err
 	}
+	return encodeExport(w, path, doc)
+}
+
+func encodeExport(w io.Writer, path string, doc ExportDoc) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	if err := enc.Encode(doc); err != nil {
@@ -172,6 +195,9 @@ func Compact(ctx context.Context, path string, opts Options) (CompactResult, err
 	opts, err := opts.withDefaults()
 	if err != nil {
 		return res, err
+	}
+	if emptyFile(path) {
+		return res, nil // 0 → 0 bytes: nothing to compact
 	}
 	if err := opts.check(ctx, path); err != nil {
 		return res, fmt.Errorf("journal: compact: %w", err)
