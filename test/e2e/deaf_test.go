@@ -13,7 +13,28 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/lifecycle-agent/lifecycle-agent/api/v1alpha1"
+	"github.com/lifecycle-agent/lifecycle-agent/internal/apiclient"
+	"github.com/lifecycle-agent/lifecycle-agent/test/testenv"
 )
+
+// agentBehindProxy starts an agent for a new node whose API connections
+// go through a CutProxy, and waits for its transitions.
+func agentBehindProxy(t *testing.T, node string) (*testAgent, *testenv.CutProxy, *apiclient.LifecycleClients) {
+	t.Helper()
+	newNode(t, node)
+	proxy, err := env.NewCutProxy()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(proxy.Close)
+	a := startAgent(t, node, agentOpts{retention: time.Hour, rest: proxy.Config(env.NodeConfig(node))})
+	lc := clients(t, env.AdminConfig())
+	waitFor(t, "transitions", 30*time.Second, func() bool {
+		_, err := lc.Transitions.Get(context.Background(), transitionName(node, "uncordon"), metav1.GetOptions{})
+		return err == nil
+	})
+	return a, proxy, lc
+}
 
 // How soon after the API server is reachable again an idle agent must have
 // claimed every pending event bound to it (docs/reliability.md): after
@@ -49,18 +70,7 @@ func TestClaimsAfterEveryOutage(t *testing.T) {
 	rng := rand.New(rand.NewPCG(seed, seed^0x5eed))
 
 	node := "deaf-node"
-	newNode(t, node)
-	proxy, err := env.NewCutProxy()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(proxy.Close)
-	a := startAgent(t, node, agentOpts{retention: time.Hour, rest: proxy.Config(env.NodeConfig(node))})
-	lc := clients(t, env.AdminConfig())
-	waitFor(t, "transitions", 30*time.Second, func() bool {
-		_, err := lc.Transitions.Get(context.Background(), transitionName(node, "uncordon"), metav1.GetOptions{})
-		return err == nil
-	})
+	a, proxy, lc := agentBehindProxy(t, node)
 	for i := range rounds {
 		name := fmt.Sprintf("deaf-%d", i)
 		// Cut up to 0.4 s before the creation or up to 0.2 s after it: the
@@ -133,18 +143,7 @@ func TestClaimsAfterEveryOutage(t *testing.T) {
 // event waited for the reflector's next try (CI: 15 s and more).
 func TestClaimsWhileTheWatchBacksOff(t *testing.T) {
 	node := "backoff-node"
-	newNode(t, node)
-	proxy, err := env.NewCutProxy()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(proxy.Close)
-	a := startAgent(t, node, agentOpts{retention: time.Hour, rest: proxy.Config(env.NodeConfig(node))})
-	lc := clients(t, env.AdminConfig())
-	waitFor(t, "transitions", 30*time.Second, func() bool {
-		_, err := lc.Transitions.Get(context.Background(), transitionName(node, "uncordon"), metav1.GetOptions{})
-		return err == nil
-	})
+	a, proxy, lc := agentBehindProxy(t, node)
 	halfOpen := func() {
 		proxy.Blackhole()
 		time.Sleep(7 * time.Second) // the health check ends the watch after 3 + 3 s
