@@ -112,10 +112,14 @@ agent=$stage/bin/lifecycle-agent
 if [ -x "$stage/bin/kubectl-lifecycle" ]; then
 	cat >>"$config" <<'END'
 
-  # Appended by hack/build-deb.sh: the kubectl plugin.
+  # Appended by hack/build-deb.sh: the kubectl plugin, and the helper
+  # kubectl runs to complete `kubectl lifecycle <TAB>`.
   - src: ${STAGE}/bin/kubectl-lifecycle
     dst: /usr/bin/kubectl-lifecycle
     expand: true
+    file_info: {mode: 0755, owner: root, group: root}
+  - src: packaging/completion/kubectl_complete-lifecycle
+    dst: /usr/bin/kubectl_complete-lifecycle
     file_info: {mode: 0755, owner: root, group: root}
 END
 	# Every program in /usr/bin needs a man page (Debian policy 12.1,
@@ -141,6 +145,15 @@ END
 			printf '.fi\n.SH SEE ALSO\n\\fBlifecycle-agent\\fP(8)\n'
 		} >"$plugin_man/kubectl-lifecycle.1"
 	fi
+	# kubectl_complete-lifecycle, the completion helper kubectl runs.
+	{
+		printf '.TH "KUBECTL_COMPLETE-LIFECYCLE" "1" "%s" "lifecycle-agent %s" "lifecycle-agent manual"\n' \
+			"$(date -u -d "@$SOURCE_DATE_EPOCH" +%Y-%m-%d)" "$version"
+		printf '.SH NAME\nkubectl_complete-lifecycle \\- shell completion of kubectl lifecycle, for kubectl\n'
+		printf '.SH DESCRIPTION\nkubectl (1.26 and later) runs this program from PATH to complete\n'
+		printf '\\fBkubectl lifecycle\\fP command lines; it runs \\fBkubectl-lifecycle __complete\\fP with the words given.\n'
+		printf 'It is not meant to be run by hand.\n.SH SEE ALSO\n\\fBkubectl-lifecycle\\fP(1)\n'
+	} >"$plugin_man/kubectl_complete-lifecycle.1"
 	for page in "$plugin_man"/*.[1-9]; do
 		section=${page##*.}
 		if [ ! -d "$stage/man$section" ]; then
@@ -157,6 +170,8 @@ END
 fi
 gzip -9n "$stage"/man[1-9]/*
 "$agent" completion bash >"$stage/completion/lifecycle-agent"
+"$agent" completion zsh >"$stage/completion/_lifecycle-agent"
+"$agent" completion fish >"$stage/completion/lifecycle-agent.fish"
 
 # The changelog: one entry for this build. The package is native, so
 # policy 12.7 (and lintian's wrong-name-for-changelog-of-native-package)

@@ -84,21 +84,24 @@ func TestContents(t *testing.T) {
 	got := contents(t, deb)
 
 	want := map[string]string{ // path: mode
-		"/usr/bin/lifecycle-agent":                               "-rwxr-xr-x",
-		"/lib/systemd/system/lifecycle-agent.service":            "-rw-r--r--",
-		"/etc/lifecycle-agent/":                                  "drwxr-xr-x",
-		"/etc/lifecycle-agent/config.yaml":                       "-rw-------",
-		"/etc/systemd/logind.conf.d/":                            "drwxr-xr-x",
-		"/usr/share/man/man8/lifecycle-agent.8.gz":               "-rw-r--r--",
-		"/usr/share/man/man8/lifecycle-agent-run.8.gz":           "-rw-r--r--",
-		"/usr/share/man/man8/lifecycle-agent-doctor.8.gz":        "-rw-r--r--",
-		"/usr/share/bash-completion/completions/lifecycle-agent": "-rw-r--r--",
-		"/usr/share/doc/lifecycle-agent/copyright":               "-rw-r--r--",
-		"/usr/share/doc/lifecycle-agent/changelog.gz":            "-rw-r--r--",
-		"/usr/share/lintian/overrides/lifecycle-agent":           "-rw-r--r--",
+		"/usr/bin/lifecycle-agent":                                  "-rwxr-xr-x",
+		"/lib/systemd/system/lifecycle-agent.service":               "-rw-r--r--",
+		"/etc/lifecycle-agent/":                                     "drwxr-xr-x",
+		"/etc/lifecycle-agent/config.yaml":                          "-rw-------",
+		"/etc/systemd/logind.conf.d/":                               "drwxr-xr-x",
+		"/usr/share/man/man8/lifecycle-agent.8.gz":                  "-rw-r--r--",
+		"/usr/share/man/man8/lifecycle-agent-run.8.gz":              "-rw-r--r--",
+		"/usr/share/man/man8/lifecycle-agent-doctor.8.gz":           "-rw-r--r--",
+		"/usr/share/bash-completion/completions/lifecycle-agent":    "-rw-r--r--",
+		"/usr/share/zsh/vendor-completions/_lifecycle-agent":        "-rw-r--r--",
+		"/usr/share/fish/vendor_completions.d/lifecycle-agent.fish": "-rw-r--r--",
+		"/usr/share/doc/lifecycle-agent/copyright":                  "-rw-r--r--",
+		"/usr/share/doc/lifecycle-agent/changelog.gz":               "-rw-r--r--",
+		"/usr/share/lintian/overrides/lifecycle-agent":              "-rw-r--r--",
 	}
 	if pluginBuilt(t) {
 		want["/usr/bin/kubectl-lifecycle"] = "-rwxr-xr-x"
+		want["/usr/bin/kubectl_complete-lifecycle"] = "-rwxr-xr-x"
 	} else if _, ok := got["/usr/bin/kubectl-lifecycle"]; ok {
 		t.Errorf("/usr/bin/kubectl-lifecycle shipped, but cmd/kubectl-lifecycle has no sources")
 	}
@@ -177,6 +180,24 @@ func TestShippedFiles(t *testing.T) {
 	}
 	if !strings.Contains(completion, "complete ") || !strings.Contains(completion, "lifecycle-agent") {
 		t.Errorf("bash completion does not look like one:\n%.300s", completion)
+	}
+	for _, sh := range []struct{ shell, path string }{
+		{"zsh", "usr/share/zsh/vendor-completions/_lifecycle-agent"},
+		{"fish", "usr/share/fish/vendor_completions.d/lifecycle-agent.fish"},
+	} {
+		if got := string(readFile(t, filepath.Join(root, sh.path))); got != mustRun(t, "", agent, "completion", sh.shell) {
+			t.Errorf("/%s differs from `lifecycle-agent completion %s`", sh.path, sh.shell)
+		}
+	}
+	if pluginBuilt(t) {
+		// What kubectl runs for `kubectl lifecycle <TAB>`, with the
+		// package's /usr/bin first on PATH: the plugin's subcommands.
+		cmd := exec.Command(filepath.Join(root, "usr/bin/kubectl_complete-lifecycle"), "")
+		cmd.Env = append(os.Environ(), "PATH="+filepath.Join(root, "usr/bin")+":"+os.Getenv("PATH"))
+		out, err := cmd.Output()
+		if err != nil || !strings.Contains(string(out), "rollout") || !strings.Contains(string(out), "status") {
+			t.Errorf("kubectl_complete-lifecycle '': %v\n%s\nwant the plugin's subcommands", err, out)
+		}
 	}
 
 	// Man pages and changelog: gzip -9n (no name, no time stamp: the same
