@@ -3,7 +3,6 @@ package crash
 import (
 	"context"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"net/http"
 	"os"
@@ -704,23 +703,8 @@ const goroutineSlack = 6
 
 // goroutines reads go_goroutines from the agent's /metrics.
 func goroutines(a *agentProc) (int, error) {
-	c := &http.Client{Timeout: 3 * time.Second}
-	resp, err := c.Get("http://" + a.metrics + "/metrics")
-	if err != nil {
-		return 0, fmt.Errorf("goroutines: %w", err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return 0, fmt.Errorf("goroutines: %w", err)
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "go_goroutines "); ok {
-			n, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
-			return int(n), err
-		}
-	}
-	return 0, fmt.Errorf("goroutines: no go_goroutines in %s/metrics", a.metrics)
+	n, err := agentMetric(a, "go_goroutines")
+	return int(n), err
 }
 
 // armPanic arms failpoint fp of the running agent to panic (gofail's HTTP

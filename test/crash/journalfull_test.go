@@ -2,7 +2,6 @@ package crash
 
 import (
 	"context"
-	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -14,21 +13,13 @@ import (
 )
 
 // metric returns the value line of a metric without labels on /metrics.
-func metric(t *testing.T, a *agentProc, name string) string {
+func metric(t *testing.T, a *agentProc, name string) float64 {
 	t.Helper()
-	resp, err := (&http.Client{Timeout: 3 * time.Second}).Get("http://" + a.metrics + "/metrics")
+	v, err := agentMetric(a, name)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, name+" "); ok {
-			return v
-		}
-	}
-	t.Fatalf("no %s on /metrics", name)
-	return ""
+	return v
 }
 
 // The journal refuses an event's end state (disk full: a failpoint makes
@@ -51,8 +42,8 @@ func TestJournalFullAtFinish(t *testing.T) {
 		st, err := statusFromSocket(ctx, c.socket())
 		return err == nil && strings.Contains(st.State, "blocked: cannot journal its end state") && strings.Contains(st.State, "no space left on device")
 	})
-	if v := metric(t, a, "lifecycle_agent_finish_blocked"); v != "1" {
-		t.Errorf("lifecycle_agent_finish_blocked %s while the journal refuses the end state, want 1", v)
+	if v := metric(t, a, "lifecycle_agent_finish_blocked"); v != 1 {
+		t.Errorf("lifecycle_agent_finish_blocked %v while the journal refuses the end state, want 1", v)
 	}
 	time.Sleep(2 * time.Second) // a few retries
 	ev, err := lc.Events.Get(ctx, c.event, metav1.GetOptions{})
@@ -74,8 +65,8 @@ func TestJournalFullAtFinish(t *testing.T) {
 		ev, err := lc.Events.Get(ctx, c.event, metav1.GetOptions{})
 		return err == nil && ev.Status.ClaimStatus == v1alpha1.LifecycleEventSucceeded && !hasFinalizer(ev)
 	})
-	if v := metric(t, a, "lifecycle_agent_finish_blocked"); v != "0" {
-		t.Errorf("lifecycle_agent_finish_blocked %s after the journal recovered, want 0", v)
+	if v := metric(t, a, "lifecycle_agent_finish_blocked"); v != 0 {
+		t.Errorf("lifecycle_agent_finish_blocked %v after the journal recovered, want 0", v)
 	}
 	claimNextThenStop(t, c, lc, a)
 }
