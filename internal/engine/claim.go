@@ -326,7 +326,7 @@ func (e *Engine) claim(ctx context.Context, cached *v1alpha1.LifecycleEvent) (*a
 		// is adopted at the next start and ends it.)
 		if planErr == nil {
 			a.ev = ev
-			e.pushNode(a, conditionEndNone)
+			e.pushNode(a, running)
 		}
 	}
 	// Finalizer before any side effect.
@@ -336,7 +336,7 @@ func (e *Engine) claim(ctx context.Context, cached *v1alpha1.LifecycleEvent) (*a
 			// Deleted right after our claim: nothing was done; take back
 			// the Node condition and the node Lease the claim set.
 			if a.nodeStarted {
-				_ = e.pushNode(a, conditionEndCancl)
+				_ = e.pushNode(a, journal.OutcomeCancelled)
 			}
 			if rerr := e.cfg.API.ReleaseNodeLease(ctx, e.cfg.Identity); rerr != nil {
 				e.log.Warn("releasing the node lease of a deleted event failed", "event", ev.Name, "err", rerr)

@@ -61,15 +61,21 @@ const (
 // Values of the label lifecycle.x-k8s.io/requested-by on events the agent
 // itself creates.
 const (
-	labelRequestedBy  = "lifecycle.x-k8s.io/requested-by"
-	requestedLocal    = "local"      // engine.Request
-	requestedGPUHeal  = "gpu-health" // gpuhealth.RequestedBy
-	conditionEndNone  = ""
-	conditionEndOK    = "Succeeded"
-	conditionEndFail  = "Failed"
-	conditionEndSla   = "SlaExpired"
-	conditionEndCancl = "Cancelled"
+	labelRequestedBy = "lifecycle.x-k8s.io/requested-by"
+	requestedLocal   = "local"      // engine.Request
+	requestedGPUHeal = "gpu-health" // gpuhealth.RequestedBy
 )
+
+// running is the "end" of an event that has not ended: its conditions
+// while it runs (eventConditions, pushNode).
+const running journal.Outcome = 0
+
+// conditionOf reports whether a condition message, as eventConditions
+// writes them, names event: "Lifecycle Transition '<t>' (event <name>)" or
+// "event <name> (transition <t>): <what>".
+func conditionOf(msg, event string) bool {
+	return strings.Contains(msg, "(event "+event+")") || strings.HasPrefix(msg, "event "+event+" (")
+}
 
 // causeOf is the reason of an event's True conditions: who asked for it.
 func causeOf(ev *v1alpha1.LifecycleEvent) string {
@@ -84,24 +90,11 @@ func causeOf(ev *v1alpha1.LifecycleEvent) string {
 	return ReasonAdminRequested
 }
 
-// endFor names an event's end for its conditions.
-func endFor(outcome journal.Outcome) string {
-	switch outcome {
-	case journal.OutcomeSucceeded:
-		return conditionEndOK
-	case journal.OutcomeSlaExpired:
-		return conditionEndSla
-	case journal.OutcomeCancelled:
-		return conditionEndCancl
-	}
-	return conditionEndFail
-}
-
-func endCause(end string) string {
+func endCause(end journal.Outcome) string {
 	switch end {
-	case conditionEndSla:
+	case journal.OutcomeSlaExpired:
 		return ReasonDeadlineExceeded
-	case conditionEndCancl:
+	case journal.OutcomeCancelled:
 		return ReasonEventCancelled
 	}
 	return ReasonEventFailed
@@ -113,7 +106,7 @@ func drainStep(name string) bool { return name == "cordon" || name == "evict" ||
 
 // eventConditions are the Node conditions of event a: running (end "") or
 // ended (end: Succeeded, Failed, SlaExpired, Cancelled).
-func (a *active) eventConditions(end string) []apiclient.NodeCondition {
+func (a *active) eventConditions(end journal.Outcome) []apiclient.NodeCondition {
 	a.statusMu.Lock()
 	steps := append([]v1alpha1.StepStatus(nil), a.status.Steps...)
 	start, stop := a.status.Driver.Start, a.status.Driver.End
@@ -150,24 +143,24 @@ func (a *active) eventConditions(end string) []apiclient.NodeCondition {
 
 	var out []apiclient.NodeCondition
 	switch end {
-	case conditionEndNone:
+	case running:
 		out = append(out, cond(v1alpha1.NodeConditionLifecycleTransition, true, start, ltMsg))
-	case conditionEndOK:
+	case journal.OutcomeSucceeded:
 		out = append(out, cond(v1alpha1.NodeConditionLifecycleTransition, false, stop, ltMsg))
 	default:
-		out = append(out, cond(v1alpha1.NodeConditionLifecycleTransition, false, end, ltMsg))
+		out = append(out, cond(v1alpha1.NodeConditionLifecycleTransition, false, end.String(), ltMsg))
 	}
 	if a.ev != nil && a.ev.Spec.Disruption != nil {
 		g := a.ev.Spec.Disruption.Group
 		held := a.heldSlot() != ""
 		switch {
-		case end == conditionEndNone && a.waitingSlot():
+		case end == running && a.waitingSlot():
 			out = append(out, cond(v1alpha1.NodeConditionMaintenancePlanned, true, cause, msg("waiting for a disruption slot of group "+g)))
 		case held:
 			out = append(out, cond(v1alpha1.NodeConditionMaintenancePlanned, false, ReasonMaintenanceStarted, msg("holding a disruption slot of group "+g)))
-		case end != conditionEndNone:
+		case end != running:
 			// Ended without a slot (it may have waited before a restart).
-			out = append(out, cond(v1alpha1.NodeConditionMaintenancePlanned, false, endCause(end), msg("ended "+strings.ToLower(end)+" before its disruption slot")))
+			out = append(out, cond(v1alpha1.NodeConditionMaintenancePlanned, false, endCause(end), msg("ended "+strings.ToLower(end.String())+" before its disruption slot")))
 		}
 	}
 	started := func(n string) bool { st, ok := state[n]; return ok && st != v1alpha1.StepPending }
@@ -176,36 +169,36 @@ func (a *active) eventConditions(end string) []apiclient.NodeCondition {
 		switch {
 		case criteria:
 			out = append(out, cond(v1alpha1.NodeConditionDrainInProgress, false, ReasonDrainCompleted, msg("drain criteria met")))
-		case end == conditionEndNone:
+		case end == running:
 			out = append(out, cond(v1alpha1.NodeConditionDrainInProgress, true, cause, msg("draining")))
 		default:
-			out = append(out, cond(v1alpha1.NodeConditionDrainInProgress, false, endCause(end), msg("drain ended "+strings.ToLower(end))))
+			out = append(out, cond(v1alpha1.NodeConditionDrainInProgress, false, endCause(end), msg("drain ended "+strings.ToLower(end.String()))))
 		}
 		switch {
-		case criteria && !done("uncordon") && (end == conditionEndNone || end == conditionEndOK && !uncordons):
+		case criteria && !done("uncordon") && (end == running || end == journal.OutcomeSucceeded && !uncordons):
 			out = append(out, cond(v1alpha1.NodeConditionDrained, true, ReasonDrainCompleted, msg("no evictable pod left on the node")))
 		case done("uncordon"):
 			out = append(out, cond(v1alpha1.NodeConditionDrained, false, ReasonReturnedToService, msg("uncordoned: back in service")))
 		case criteria && a.returned:
 			// A later step failed (or the event was cancelled) after the
 			// drain completed, and the abort uncordoned the node.
-			out = append(out, cond(v1alpha1.NodeConditionDrained, false, ReasonReturnedToService, msg("ended "+strings.ToLower(end)+"; uncordoned by its abort: back in service")))
+			out = append(out, cond(v1alpha1.NodeConditionDrained, false, ReasonReturnedToService, msg("ended "+strings.ToLower(end.String())+"; uncordoned by its abort: back in service")))
 		default:
 			out = append(out, cond(v1alpha1.NodeConditionDrained, false, ReasonDrainIncomplete, msg("drain criteria not met")))
 		}
-	} else if !drains && uncordons && end == conditionEndOK {
+	} else if !drains && uncordons && end == journal.OutcomeSucceeded {
 		// The uncordon driver: the node is back in service. (Failed, it
 		// leaves Drained as an earlier drain set it.)
 		out = append(out, cond(v1alpha1.NodeConditionDrained, false, ReasonReturnedToService, msg("uncordoned: back in service")))
 	}
 	if maint && maintStarted {
 		switch end {
-		case conditionEndNone:
+		case running:
 			out = append(out, cond(v1alpha1.NodeConditionMaintenanceInProgress, true, cause, msg("in progress")))
-		case conditionEndOK:
+		case journal.OutcomeSucceeded:
 			out = append(out, cond(v1alpha1.NodeConditionMaintenanceInProgress, false, ReasonMaintenanceCompleted, msg("complete")))
 		default:
-			out = append(out, cond(v1alpha1.NodeConditionMaintenanceInProgress, false, endCause(end), msg("ended "+strings.ToLower(end))))
+			out = append(out, cond(v1alpha1.NodeConditionMaintenanceInProgress, false, endCause(end), msg("ended "+strings.ToLower(end.String()))))
 		}
 	}
 	return out
@@ -213,7 +206,7 @@ func (a *active) eventConditions(end string) []apiclient.NodeCondition {
 
 // pushNode queues event a's Node conditions (running: end "") when they
 // differ from the last ones queued.
-func (e *Engine) pushNode(a *active, end string) error {
+func (e *Engine) pushNode(a *active, end journal.Outcome) error {
 	conds := a.eventConditions(end)
 	raw, _ := json.Marshal(nodePayload{Conditions: conds})
 	if a.lastNode == string(raw) {

@@ -561,10 +561,10 @@ func (e *Engine) releaseOrphan(ctx context.Context, ev *v1alpha1.LifecycleEvent,
 	// Every condition still True for this event (its message names it) ends.
 	var conds []apiclient.NodeCondition
 	for _, c := range node.Status.Conditions {
-		if c.Status == corev1.ConditionTrue && strings.Contains(c.Message, "event "+ev.Name+")") || c.Status == corev1.ConditionTrue && strings.Contains(c.Message, "event "+ev.Name+" ") {
+		if c.Status == corev1.ConditionTrue && conditionOf(c.Message, ev.Name) {
 			reason := ReasonEventCancelled
 			if string(c.Type) == v1alpha1.NodeConditionLifecycleTransition {
-				reason = conditionEndCancl
+				reason = journal.OutcomeCancelled.String()
 			}
 			conds = append(conds, apiclient.NodeCondition{Type: string(c.Type), Status: corev1.ConditionFalse, Reason: reason, Message: c.Message + "; cancelled: no agent holds it"})
 		}

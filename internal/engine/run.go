@@ -155,7 +155,7 @@ func (e *Engine) execute(ctx context.Context, a *active) {
 	// Node condition: the transition is in progress (a fresh claim already
 	// queued it, see claim).
 	if !a.nodeStarted {
-		e.pushNode(a, conditionEndNone)
+		e.pushNode(a, running)
 	}
 	outcome, msg := e.runSteps(ctx, a)
 	if ctx.Err() != nil {
@@ -326,7 +326,7 @@ func (e *Engine) runStep(ctx context.Context, a *active, i, attempt int, rt *ste
 	a.status.CurrentStep = s.Name
 	setCond(&a.status, v1alpha1.ConditionProgressing, metav1.ConditionTrue, "StepRunning", "running step "+s.Name, now)
 	e.pushStatus(a)
-	e.pushNode(a, conditionEndNone) // MaintenanceInProgress from the first disruptive step on
+	e.pushNode(a, running) // MaintenanceInProgress from the first disruptive step on
 	e.setState(fmt.Sprintf("event %s: step %s", a.name, s.Name), "event", a.name, "step", s.Name)
 
 	stepCtx, cancel := context.WithCancel(ctx)
@@ -362,7 +362,7 @@ func (e *Engine) stepDone(a *active, i, attempt int, msg string) error {
 	if msg != "" {
 		st.Message = msg
 	}
-	e.pushNode(a, conditionEndNone) // DrainInProgress and Drained once wait-empty is done
+	e.pushNode(a, running) // DrainInProgress and Drained once wait-empty is done
 	// No status write of its own: what comes next always writes one that
 	// carries this step's Done — the next step's Running, the wait for a
 	// disruption slot, or the end state — so a step costs one status write
@@ -496,7 +496,7 @@ func (e *Engine) finish(ctx context.Context, a *active, outcome journal.Outcome,
 			if err := e.snapshot(a, journal.EventFinishing); err != nil {
 				return err
 			}
-			if err := e.pushNode(a, endFor(outcome)); err != nil {
+			if err := e.pushNode(a, outcome); err != nil {
 				return err
 			}
 			return e.pushStatus(a)
@@ -603,7 +603,7 @@ func (e *Engine) waitSlot(ctx context.Context, a *active) error {
 			}
 			setCond(&a.status, v1alpha1.ConditionWaitingForDisruptionBudget, metav1.ConditionFalse, "SlotHeld", "holding "+slot, e.cfg.Clock.Now())
 			e.pushStatus(a)
-			e.pushNode(a, conditionEndNone)
+			e.pushNode(a, running)
 			return nil
 		}
 		if !waiting {
@@ -613,7 +613,7 @@ func (e *Engine) waitSlot(ctx context.Context, a *active) error {
 			setCond(&a.status, v1alpha1.ConditionWaitingForDisruptionBudget, metav1.ConditionTrue, "AllSlotsTaken", msg, e.cfg.Clock.Now())
 			a.status.Message = msg
 			e.pushStatus(a)
-			e.pushNode(a, conditionEndNone) // MaintenancePlanned
+			e.pushNode(a, running) // MaintenancePlanned
 			e.setState(fmt.Sprintf("event %s: waiting for a disruption slot (%s)", a.name, d.Group))
 		}
 		if err := e.gate(ctx, a); err != nil {
