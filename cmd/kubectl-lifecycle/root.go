@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/cli-runtime/pkg/genericclioptions"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -128,6 +129,8 @@ func (o *options) runE(f func(ctx context.Context, args []string) error) func(*c
 			return ee
 		case cmd.Context().Err() != nil:
 			return fail(exitInterrupted, "interrupted")
+		case apierrors.IsForbidden(err):
+			return fail(exitFailed, "%v; a plugin user needs the ClusterRole lifecycle-agent:operator (in lifecycle-agent manifests), e.g. kubectl create clusterrolebinding lifecycle-operators --clusterrole=lifecycle-agent:operator --user=NAME", err)
 		}
 		return fail(exitFailed, "%v", err)
 	}

@@ -304,9 +304,15 @@ func (r result) String() string {
 // would, and returns its exit code and output.
 func plugin(t *testing.T, timeout time.Duration, args ...string) result {
 	t.Helper()
+	return pluginAs(t, adminKC, timeout, args...)
+}
+
+// pluginAs is plugin with the kubeconfig kc.
+func pluginAs(t *testing.T, kc string, timeout time.Duration, args ...string) result {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, pluginBin, append(args, "--kubeconfig", adminKC)...)
+	cmd := exec.CommandContext(ctx, pluginBin, append(args, "--kubeconfig", kc)...)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	cmd.WaitDelay = 5 * time.Second

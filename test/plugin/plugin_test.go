@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"sort"
 	"strings"
@@ -16,6 +17,7 @@ import (
 
 	coordv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -26,6 +28,7 @@ import (
 	"k8s.io/client-go/util/retry"
 
 	"github.com/lifecycle-agent/lifecycle-agent/api/v1alpha1"
+	"github.com/lifecycle-agent/lifecycle-agent/test/testenv"
 )
 
 const (
@@ -544,4 +547,49 @@ func TestNoKubeconfig(t *testing.T) {
 	if err != nil || !strings.HasPrefix(string(out), "kubectl-lifecycle ") || strings.Count(string(out), "\n") != 1 {
 		t.Errorf("--version: %v\n%s\nwant one line: kubectl-lifecycle VERSION", err, out)
 	}
+}
+
+// The manifests' ClusterRole lifecycle-agent:operator is all a plugin user
+// needs: bound to a group, its member runs, follows, lists and cancels
+// events and rolls one out; without the binding the same user gets one
+// line naming what was refused.
+func TestOperatorClusterRole(t *testing.T) {
+	node := "ops-node"
+	startNodes(t, node)
+	requireTransition(t, node, "uncordon")
+	kc := filepath.Join(t.TempDir(), "ops.kubeconfig")
+	if err := testenv.WriteKubeconfig(kc, env.UserConfig("ops-user", "lifecycle-operators")); err != nil {
+		t.Fatal(err)
+	}
+	if r := pluginAs(t, kc, 30*time.Second, "status"); r.code != 1 || !strings.Contains(r.stderr, "forbidden") || !strings.Contains(r.stderr, "needs the ClusterRole lifecycle-agent:operator") || strings.Count(strings.TrimSpace(r.stderr), "\n") != 0 {
+		t.Errorf("status without the binding: exit %d, stderr %q; want exit 1 and one line saying forbidden and naming the ClusterRole", r.code, r.stderr)
+	}
+	ctx := context.Background()
+	crb := &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "lifecycle-operators-test"},
+		RoleRef:  rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: "lifecycle-agent:operator"},
+		Subjects: []rbacv1.Subject{{APIGroup: "rbac.authorization.k8s.io", Kind: "Group", Name: "lifecycle-operators"}}}
+	if _, err := core.RbacV1().ClusterRoleBindings().Create(ctx, crb, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = core.RbacV1().ClusterRoleBindings().Delete(context.Background(), crb.Name, metav1.DeleteOptions{})
+	})
+	// RBAC caches: wait until the binding is in force.
+	deadline := time.Now().Add(20 * time.Second)
+	for r := pluginAs(t, kc, 30*time.Second, "transitions"); r.code != 0; r = pluginAs(t, kc, 30*time.Second, "transitions") {
+		if time.Now().After(deadline) {
+			t.Fatalf("transitions as ops-user with the binding: exit %d: %s", r.code, r.stderr)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	r := pluginAs(t, kc, 60*time.Second, "uncordon", node)
+	wantExit(t, r, 0, "uncordon as ops-user")
+	for _, args := range [][]string{{"status"}, {"status", node}, {"history", node}, {"transitions", "-o", "wide"}} {
+		wantExit(t, pluginAs(t, kc, 30*time.Second, args...), 0, strings.Join(args, " ")+" as ops-user")
+	}
+	r = pluginAs(t, kc, 30*time.Second, "run", "uncordon", node)
+	wantExit(t, r, 0, "run as ops-user")
+	wantExit(t, pluginAs(t, kc, 60*time.Second, "cancel", strings.TrimSpace(r.stdout), "--wait"), 0, "cancel as ops-user")
+	r = pluginAs(t, kc, 90*time.Second, "rollout", "uncordon", "--max-concurrent", "1", "--group", "ops-test", "--wait", node)
+	wantExit(t, r, 0, "rollout as ops-user")
 }
