@@ -142,6 +142,20 @@ func TestEveryKeyReachesItsField(t *testing.T) {
 	}
 }
 
+// addSelectorTails adds to seen, for every selector chain under n, its last
+// two names ("Drain.Timeout") and its last name ("Timeout").
+func addSelectorTails(seen map[string]bool, n ast.Node) {
+	ast.Inspect(n, func(n ast.Node) bool {
+		if s, ok := n.(*ast.SelectorExpr); ok {
+			seen[s.Sel.Name] = true
+			if x, ok := s.X.(*ast.SelectorExpr); ok {
+				seen[x.Sel.Name+"."+s.Sel.Name] = true
+			}
+		}
+		return true
+	})
+}
+
 // selectorTails collects, from every non-test Go file under the given
 // directories, each selector chain's last two names ("Drain.Timeout") and
 // last name ("Timeout").
@@ -166,17 +180,7 @@ func selectorTails(t *testing.T, root string, dirs []string, skip string) map[st
 			if err != nil {
 				return err
 			}
-			ast.Inspect(f, func(n ast.Node) bool {
-				s, ok := n.(*ast.SelectorExpr)
-				if !ok {
-					return true
-				}
-				seen[s.Sel.Name] = true
-				if x, ok := s.X.(*ast.SelectorExpr); ok {
-					seen[x.Sel.Name+"."+s.Sel.Name] = true
-				}
-				return true
-			})
+			addSelectorTails(seen, f)
 			return nil
 		})
 		if err != nil {
@@ -216,15 +220,7 @@ func configMethods(t *testing.T) map[string]map[string]bool {
 				continue
 			}
 			seen := map[string]bool{}
-			ast.Inspect(fn.Body, func(n ast.Node) bool {
-				if s, ok := n.(*ast.SelectorExpr); ok {
-					seen[s.Sel.Name] = true
-					if x, ok := s.X.(*ast.SelectorExpr); ok {
-						seen[x.Sel.Name+"."+s.Sel.Name] = true
-					}
-				}
-				return true
-			})
+			addSelectorTails(seen, fn.Body)
 			out[fn.Name.Name] = seen
 		}
 	}

@@ -149,7 +149,7 @@ func (e *Engine) queueForSlot(ctx context.Context, ev *v1alpha1.LifecycleEvent) 
 	e.markPending(ctx, ev, msg, true)
 	e.slotQueued = true
 	cond := apiclient.NodeCondition{Type: v1alpha1.NodeConditionMaintenancePlanned, Status: corev1.ConditionTrue, Reason: causeOf(ev),
-		Message: fmt.Sprintf("event %s (transition %s): %s", ev.Name, ev.Spec.TransitionName, msg)}
+		Message: eventMsg(ev.Name, ev.Spec.TransitionName, msg)}
 	if err := e.cfg.API.SetNodeConditions(ctx, e.cfg.Clock.Now(), cond); err != nil {
 		e.log.Warn("posting MaintenancePlanned failed; will retry", "event", ev.Name, "err", err)
 		return

@@ -70,9 +70,18 @@ const (
 // while it runs (eventConditions, pushNode).
 const running journal.Outcome = 0
 
-// conditionOf reports whether a condition message, as eventConditions
-// writes them, names event: "Lifecycle Transition '<t>' (event <name>)" or
-// "event <name> (transition <t>): <what>".
+// The two forms of a condition message (docs/conditions.md): the
+// LifecycleTransition condition's, and every other condition's.
+func transitionMsg(transition, event string) string {
+	return fmt.Sprintf("Lifecycle Transition '%s' (event %s)", transition, event)
+}
+
+func eventMsg(event, transition, what string) string {
+	return fmt.Sprintf("event %s (transition %s): %s", event, transition, what)
+}
+
+// conditionOf reports whether a condition message, in one of the two forms
+// above, names event.
 func conditionOf(msg, event string) bool {
 	return strings.Contains(msg, "(event "+event+")") || strings.HasPrefix(msg, "event "+event+" (")
 }
@@ -131,8 +140,8 @@ func (a *active) eventConditions(end journal.Outcome) []apiclient.NodeCondition 
 		}
 	}
 	cause := causeOf(a.ev)
-	ltMsg := fmt.Sprintf("Lifecycle Transition '%s' (event %s)", a.tn, a.name)
-	msg := func(what string) string { return fmt.Sprintf("event %s (transition %s): %s", a.name, a.tn, what) }
+	ltMsg := transitionMsg(a.tn, a.name)
+	msg := func(what string) string { return eventMsg(a.name, a.tn, what) }
 	cond := func(typ string, on bool, reason, m string) apiclient.NodeCondition {
 		st := corev1.ConditionFalse
 		if on {

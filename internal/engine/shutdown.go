@@ -76,7 +76,7 @@ func (e *Engine) PrepareShutdown(ctx context.Context) error {
 		return fmt.Errorf("engine: journal shutdown cordon: %w", err)
 	}
 	e.setState("shutting down", "event", name)
-	msg := fmt.Sprintf("Lifecycle Transition 'shutdown' (event %s): the node is shutting down", name)
+	msg := transitionMsg("shutdown", name) + ": the node is shutting down"
 	conds := e.shutdownConditions(shutdownStart, corev1.ConditionTrue, corev1.ConditionTrue, msg, attrs["during"] != "")
 	raw, _ := json.Marshal(nodePayload{Conditions: conds})
 	if _, err := e.cfg.Journal.OutboxPush(journal.OutboxEntry{UID: uid, Kind: journal.OutboxNodeCondition, Payload: raw}); err != nil {
@@ -127,7 +127,7 @@ func (e *Engine) closeOutShutdowns(ctx context.Context) {
 			// during it). Keep it until logind says otherwise.
 			continue
 		}
-		msg := fmt.Sprintf("Lifecycle Transition 'shutdown' (event %s): node restarted after a shutdown; kept cordoned until lifecycle-agent closes it out", r.Name)
+		msg := transitionMsg("shutdown", r.Name) + ": node restarted after a shutdown; kept cordoned until lifecycle-agent closes it out"
 		_ = e.cfg.API.SetNodeConditions(ctx, e.cfg.Clock.Now(), e.shutdownConditions(shutdownStart, corev1.ConditionTrue, corev1.ConditionFalse, msg, r.Attrs["during"] != "")...)
 		for ctx.Err() == nil {
 			if err := e.closeShutdown(ctx, r, shutdownEnd, journal.OutcomeSucceeded, "shutdown complete; node back"); err == nil {
@@ -143,7 +143,7 @@ func (e *Engine) closeOutShutdowns(ctx context.Context) {
 }
 
 func (e *Engine) closeShutdown(ctx context.Context, r journal.EventRecord, reason string, outcome journal.Outcome, word string) error {
-	msg := fmt.Sprintf("Lifecycle Transition 'shutdown' (event %s): %s", r.Name, word)
+	msg := transitionMsg("shutdown", r.Name) + ": " + word
 	owned := false
 	if cs, err := e.cfg.Journal.Owned(); err == nil {
 		for _, c := range cs {

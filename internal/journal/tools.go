@@ -56,7 +56,7 @@ func Verify(ctx context.Context, path string, opts Options) (Summary, error) {
 		return s, fmt.Errorf("journal: verify: %w", err)
 	}
 	s.SizeBytes = fi.Size()
-	if emptyFile(path) {
+	if fi.Mode().IsRegular() && fi.Size() == 0 {
 		s.Empty = true
 		return s, nil
 	}
