@@ -52,14 +52,39 @@ func (g *shutdownGuard) release() {
 }
 
 // run watches PrepareForShutdown until ctx ends.
+//
+// The revert after a cancel needs the API server (uncordon, conditions)
+// and is retried until it succeeds; it runs beside the loop so that a new
+// PrepareForShutdown(true) during an outage is still journaled and its
+// lock released within the budget: that stops the revert first (the two
+// never run at once), and the new shutdown supersedes it.
 func (g *shutdownGuard) run(ctx context.Context) {
 	ch, err := g.logind.WatchPrepareForShutdown(ctx)
 	if err != nil {
 		g.log.Warn("cannot watch logind for shutdowns; the shutdown driver is off", "err", err)
 		return
 	}
+	var stopRevert context.CancelFunc = func() {}
+	revert := func(why string) {
+		stopRevert()
+		rctx, cancel := context.WithCancel(ctx)
+		done := make(chan struct{})
+		stopRevert = func() { cancel(); <-done }
+		go func() { defer close(done); g.revert(rctx, why) }()
+	}
+	defer func() { stopRevert() }()
+	// A shutdown journaled in this boot while logind no longer prepares one
+	// was cancelled while the agent was down (or restarting): the cancel is
+	// a signal nobody replays, so revert now, as on PrepareForShutdown(false).
+	// Read after subscribing: a shutdown starting now still arrives on ch.
+	if preparing, err := g.logind.PreparingForShutdown(ctx); err != nil {
+		g.log.Warn("cannot read logind's PreparingForShutdown; a shutdown journaled in this boot is kept", "err", err)
+	} else if !preparing {
+		revert("a shutdown cancelled while the agent was down")
+	}
 	for prepare := range ch {
 		if prepare {
+			stopRevert()
 			start := time.Now()
 			sctx, cancel := context.WithTimeout(ctx, g.budget)
 			err := g.eng.PrepareShutdown(sctx)
@@ -74,8 +99,26 @@ func (g *shutdownGuard) run(ctx context.Context) {
 		if err := g.take(ctx); err != nil {
 			g.log.Error("shutdown cancelled, but the delay lock could not be taken again", "err", err)
 		}
-		if err := g.eng.CancelShutdown(ctx); err != nil {
-			g.log.Warn("shutdown cancelled; reverting failed", "err", err)
+		revert("shutdown cancelled")
+	}
+}
+
+// revertRetry is the pause between tries of a revert that failed.
+const revertRetry = 2 * time.Second
+
+// revert undoes a cancelled shutdown (engine.CancelShutdown: a no-op when
+// none is journaled for this boot), retrying until it succeeds or ctx ends.
+func (g *shutdownGuard) revert(ctx context.Context, why string) {
+	for {
+		err := g.eng.CancelShutdown(ctx)
+		if err == nil || ctx.Err() != nil {
+			return
+		}
+		g.log.Warn("reverting the shutdown failed; retrying", "cause", why, "err", err, "retryIn", revertRetry.String())
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(revertRetry):
 		}
 	}
 }

@@ -207,3 +207,115 @@ func TestShutdownDriverDisabled(t *testing.T) {
 		t.Errorf("the log does not say the shutdown driver is off:\n%s", a.logBuf.String())
 	}
 }
+
+// An agent that (re)starts while logind is already preparing the shutdown
+// (it crashed in the delay window and systemd restarted it; or it started
+// just after the signal) never saw PrepareForShutdown(true): it must not
+// take a delay lock logind would wait on, and it must still journal, post
+// and cordon.
+func TestShutdownAgentStartsWhilePreparing(t *testing.T) {
+	node := "shutdown-late-node"
+	newNode(t, node)
+	srv := logindtest.Start(t, logindtest.Options{InhibitDelayMax: 30 * time.Second})
+	srv.SetPreparingForShutdown(true) // the signal went out before the agent listened
+	a := startAgent(t, node, agentOpts{retention: time.Hour, logind: srv.Address()})
+	waitFor(t, "ShuttingDown posted and the node cordoned", 30*time.Second, func() bool {
+		lt, gns, n := shutdownConds(t, node)
+		return lt != nil && lt.Reason == "ShuttingDown" && gns != nil && gns.Status == corev1.ConditionTrue && n.Spec.Unschedulable
+	})
+	if held := heldDelayLocks(srv); len(held) != 0 {
+		t.Fatalf("an agent started during the shutdown holds %d delay lock(s): logind waits on them up to InhibitDelayMaxSec", len(held))
+	}
+	a.stop(t)
+	doc := exportJournal(t, a.Journal)
+	if len(doc.Events) != 1 || doc.Events[0].Driver != "lifecycle-agent.x-k8s.io/shutdown" {
+		t.Fatalf("journal should hold the shutdown under way: %+v", doc.Events)
+	}
+}
+
+// logind cancels the shutdown while the agent is down (PrepareForShutdown
+// (false) is a signal: nobody replays it). The next start, in the same
+// boot, finds the shutdown journaled and logind no longer preparing: it
+// reverts, as if it had seen the cancel.
+func TestShutdownCancelledWhileAgentDown(t *testing.T) {
+	node := "shutdown-cancel-down-node"
+	newNode(t, node)
+	srv := logindtest.Start(t, logindtest.Options{InhibitDelayMax: 30 * time.Second})
+	a := startAgent(t, node, agentOpts{retention: time.Hour, logind: srv.Address()})
+	lock := waitDelayLock(t, srv)
+	if err := srv.EmitPrepareForShutdown(true); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := srv.WaitReleased(ctx, lock.ID); err != nil {
+		t.Fatal(err)
+	}
+	a.stop(t)
+	if err := srv.EmitPrepareForShutdown(false); err != nil { // nobody listening
+		t.Fatal(err)
+	}
+	startAgent(t, node, agentOpts{retention: time.Hour, logind: srv.Address(), dir: a.dir})
+	waitFor(t, "the cordon reverted after the missed cancel", 30*time.Second, func() bool {
+		lt, gns, n := shutdownConds(t, node)
+		return !n.Spec.Unschedulable && n.Annotations[v1alpha1.AnnotationCordonedBy] == "" &&
+			lt != nil && lt.Reason == "ShutdownCancelled" && lt.Status == corev1.ConditionFalse && gns != nil && gns.Status == corev1.ConditionFalse
+	})
+	waitDelayLock(t, srv)
+}
+
+// logind cancels the shutdown while the API server is unreachable, then
+// starts another: the revert (uncordon, conditions) needs the API and is
+// retried until the server answers, and meanwhile the new shutdown is
+// still journaled and its delay lock released within the budget (a revert
+// blocked on the API must not hold the next shutdown up); the last cancel
+// is reverted once the server returns.
+func TestShutdownCancelledDuringOutage(t *testing.T) {
+	node := "shutdown-cancel-offline-node"
+	newNode(t, node)
+	srv := logindtest.Start(t, logindtest.Options{InhibitDelayMax: 30 * time.Second})
+	proxy, err := env.NewCutProxy()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(proxy.Close)
+	budget := 3 * time.Second
+	startAgent(t, node, agentOpts{retention: time.Hour, logind: srv.Address(), budget: budget, rest: proxy.Config(env.NodeConfig(node))})
+	released := func(what string) {
+		t.Helper()
+		lock := waitDelayLock(t, srv)
+		start := time.Now()
+		if err := srv.EmitPrepareForShutdown(true); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := srv.WaitReleased(ctx, lock.ID); err != nil {
+			t.Fatalf("%s: the delay lock was not released: %v", what, err)
+		}
+		if took := time.Since(start); took > budget+2*time.Second {
+			t.Fatalf("%s: the delay lock was released after %s; the budget is %s", what, took, budget)
+		}
+	}
+	released("the first shutdown")
+	waitFor(t, "the node cordoned for the shutdown", 30*time.Second, func() bool {
+		_, _, n := shutdownConds(t, node)
+		return n.Spec.Unschedulable
+	})
+	proxy.Cut()
+	if err := srv.EmitPrepareForShutdown(false); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2 * time.Second) // the revert fails meanwhile
+	released("a second shutdown during the outage, after a cancel not yet reverted")
+	if err := srv.EmitPrepareForShutdown(false); err != nil {
+		t.Fatal(err)
+	}
+	waitDelayLock(t, srv)
+	time.Sleep(2 * time.Second)
+	proxy.Heal()
+	waitFor(t, "the cordon reverted once the API server answered", 30*time.Second, func() bool {
+		lt, gns, n := shutdownConds(t, node)
+		return !n.Spec.Unschedulable && lt != nil && lt.Reason == "ShutdownCancelled" && gns != nil && gns.Status == corev1.ConditionFalse
+	})
+}
