@@ -51,8 +51,8 @@ import (
 // gpu-reset runs on go-nvml's mock of a DGX H100 (the failpoint build has
 // the tag lifecycle_testnvml; LIFECYCLE_AGENT_TEST_NVML=dgxh100), one GPU
 // at a time; simulate mode journals the reset and logs it, and does not
-// perform it. Not in the schedules: the shutdown driver (a logind signal:
-// tested with the test logind in test/e2e and for real in test/vm).
+// perform it. The shutdown driver's schedules (chaos_shutdown_test.go) run
+// the agent on a test logind and announce a shutdown among the faults.
 
 type faultKind string
 
@@ -64,7 +64,7 @@ const (
 	faultPanic   faultKind = "panic"    // a failpoint armed to panic for dur, then restarted
 	faultTwin    faultKind = "twin"     // a second agent, same node name, other journal, for dur
 	settleBound            = 200 * time.Second
-	chaosDrivers           = "drain,uncordon,reboot,os-upgrade,chaos-flash,gpu-reset"
+	chaosDrivers           = "drain,uncordon,reboot,os-upgrade,chaos-flash,gpu-reset,shutdown"
 )
 
 // panicsFired counts the armed failpoints that were reached.
@@ -129,6 +129,8 @@ type schedule struct {
 	faults []fault
 	sla    time.Duration // drain: an admin's transition with this sla, the drain held by a budget
 	peer   bool          // a competing event in the same disruption group (maxConcurrent 1) on another node
+	// bootPanic (shutdown): a failpoint armed in the first agent after the boot.
+	bootPanic string
 }
 
 func (s schedule) String() string {
@@ -143,14 +145,26 @@ func (s schedule) String() string {
 	if s.peer {
 		extra += "+peer"
 	}
+	if s.bootPanic != "" {
+		extra += "+bootpanic:" + s.bootPanic
+	}
 	return fmt.Sprintf("%02d-%s%s[%s]", s.i, s.driver, extra, strings.Join(f, ","))
 }
 
 // disruptive drivers have steps that take a disruption slot.
-func disruptive(driver string) bool { return driver != "uncordon" }
+func disruptive(driver string) bool { return driver != "uncordon" && driver != "shutdown" }
 
+// newSchedule makes schedule i. The first len(drv) schedules of a batch
+// take each driver once (in a seeded order), so that the smoke in make test
+// covers every driver; the rest pick at random.
 func newSchedule(rng *rand.Rand, i int, drv, failpoints []string) schedule {
 	s := schedule{i: i, driver: drv[rng.IntN(len(drv))]}
+	if i < len(drv) {
+		s.driver = drv[i]
+	}
+	if s.driver == "shutdown" {
+		return newShutdownSchedule(rng, s, failpoints)
+	}
 	if s.driver == "drain" && rng.IntN(4) == 0 {
 		s.sla = time.Duration(3+rng.IntN(6)) * time.Second
 	}
@@ -211,8 +225,10 @@ func TestChaos(t *testing.T) {
 	t.Logf("chaos: %d schedules, seed %d (CHAOS_SEED=%d replays them), PodDisruptionBudget %v", n, seed, seed, pdb)
 	rng := rand.New(rand.NewPCG(seed, 0xc4a05))
 	var scheds []schedule
+	order := slices.Clone(drivers)
+	rng.Shuffle(len(order), func(i, j int) { order[i], order[j] = order[j], order[i] })
 	for i := range n {
-		scheds = append(scheds, newSchedule(rng, i, drivers, agentFP.Failpoints))
+		scheds = append(scheds, newSchedule(rng, i, order, agentFP.Failpoints))
 	}
 	kinds := map[faultKind]int{}
 	var mu sync.Mutex
@@ -229,6 +245,10 @@ func TestChaos(t *testing.T) {
 					mu.Unlock()
 				}
 			}()
+			if s.driver == "shutdown" {
+				runShutdownSchedule(t, s, rand.New(rand.NewPCG(seed, uint64(s.i))))
+				return
+			}
 			runSchedule(t, s, pdb)
 		})
 	}

@@ -114,7 +114,7 @@ type Server struct {
 func Start(t testing.TB, opts Options) *Server {
 	t.Helper()
 	dir := t.TempDir()
-	if len(filepath.Join(dir, "bus")) > maxSocketLen {
+	if len(filepath.Join(dir, "bus")) > maxSocketLen || !plainAddress(dir) {
 		dir = "" // New makes a short one and removes it on Close.
 	}
 	s, err := New(dir, opts)
@@ -127,6 +127,17 @@ func Start(t testing.TB, opts Options) *Server {
 		}
 	})
 	return s
+}
+
+// plainAddress reports whether path needs no escaping in a D-Bus address
+// (a test name such as "kill@947ms" makes t.TempDir hold an '@').
+func plainAddress(path string) bool {
+	for _, r := range path {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("-_/.\\*", r)) {
+			return false
+		}
+	}
+	return true
 }
 
 // New starts a Server whose socket and configuration live in dir (empty: a

@@ -238,3 +238,18 @@ func TestNewWithoutDBusDaemonFailsLoudly(t *testing.T) {
 		t.Fatalf("error %q does not say how to install dbus-daemon", err)
 	}
 }
+
+// A test whose name holds characters a D-Bus address must escape (the
+// chaos schedules' "kill@947ms") still gets a bus.
+func TestStartUnderAnOddTestName(t *testing.T) {
+	t.Run("kill@947ms+cancel", func(t *testing.T) {
+		s := Start(t, Options{})
+		if strings.ContainsAny(s.Address(), "@+") {
+			t.Fatalf("address %q holds characters D-Bus wants escaped", s.Address())
+		}
+		conn := connect(t, s)
+		if err := conn.Object("org.freedesktop.login1", "/org/freedesktop/login1").Call("org.freedesktop.DBus.Peer.Ping", 0).Err; err != nil {
+			t.Fatal(err)
+		}
+	})
+}
