@@ -40,13 +40,13 @@ const maxClockSkew = 5 * time.Second
 const fixManifests = "kubectl apply -f <(lifecycle-agent manifests)"
 
 type doctorOptions struct {
-	json bool
+	Output string // outText or outJSON
 }
 
 func newDoctorCmd(e *env) *cobra.Command {
 	var o doctorOptions
 	cmd := &cobra.Command{
-		Use:   "doctor [--json]",
+		Use:   "doctor [-o text|json]",
 		Short: "Check that this node is ready for the agent",
 		Long: `Check the configuration, the journal, API access, identity and RBAC
 (SelfSubjectReview, SelfSubjectAccessReview), the CRDs, the node-scope
@@ -58,10 +58,14 @@ bounded in time: API checks by apiTimeout.`,
 		Args:        noArgs,
 		Annotations: needsConfig,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			var err error
+			if o.Output, err = outputOf(cmd, o.Output, outText, outJSON); err != nil {
+				return err
+			}
 			return failed(runDoctor(cmd.Context(), e, o))
 		},
 	}
-	cmd.Flags().BoolVar(&o.json, "json", false, "print the checks as one JSON document")
+	addOutputFlags(cmd, &o.Output, outText, outJSON)
 	return cmd
 }
 
@@ -99,7 +103,7 @@ func runDoctor(ctx context.Context, e *env, o doctorOptions) error {
 	report := func(cs ...check) {
 		for _, c := range cs {
 			checks = append(checks, c)
-			if !o.json {
+			if o.Output != outJSON {
 				fmt.Fprintln(e.stdout, c)
 			}
 		}
@@ -116,7 +120,7 @@ func runDoctor(ctx context.Context, e *env, o doctorOptions) error {
 			bad++
 		}
 	}
-	if o.json {
+	if o.Output == outJSON {
 		enc := json.NewEncoder(e.stdout)
 		enc.SetIndent("", "  ")
 		if err := enc.Encode(struct {

@@ -3,7 +3,7 @@ package main
 // `lifecycle-agent gpu inventory|reset`: read-only views of this node's
 // NVIDIA GPUs through the same devices.Manager the agent uses.
 //
-//	gpu inventory [--json]                  identity, modes, processes, health per GPU
+//	gpu inventory [-o text|json]            identity, modes, processes, health per GPU
 //	gpu reset --dry-run --gpus SEL [--drain]  the gpu-reset checks, up to (not
 //	                                        including) the reset, and what it would do
 //
@@ -54,7 +54,7 @@ Exit codes: 0 ok, 1 failed (reset --dry-run: the reset would be refused), 2 usag
 }
 
 type gpuInventoryOptions struct {
-	JSON bool
+	Output string // outText or outJSON
 }
 
 func newGPUInventoryCmd(e *env) *cobra.Command {
@@ -67,10 +67,14 @@ persistence modes, running processes, the health signals and the verdict that
 the GPUHealthy condition is built from. Exits 3 on a host without NVML.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			var err error
+			if o.Output, err = outputOf(cmd, o.Output, outText, outJSON); err != nil {
+				return err
+			}
 			return failed(runGPUInventory(cmd.Context(), e, o))
 		},
 	}
-	cmd.Flags().BoolVar(&o.JSON, "json", false, "print JSON instead of a table")
+	addOutputFlags(cmd, &o.Output, outText, outJSON)
 	return cmd
 }
 
@@ -137,7 +141,7 @@ func gpuLog(e *env) *slog.Logger {
 	return newLogger(e.stderr, slog.LevelWarn, format)
 }
 
-// gpuJSON is one GPU of `gpu inventory --json`.
+// gpuJSON is one GPU of `gpu inventory -o json`.
 type gpuJSON struct {
 	Index               int               `json:"index"`
 	UUID                string            `json:"uuid"`
@@ -244,7 +248,7 @@ func writeInventory(out io.Writer, m *devices.Manager, o gpuInventoryOptions) er
 		return err
 	}
 	v := inventoryView(s)
-	if o.JSON {
+	if o.Output == outJSON {
 		enc := json.NewEncoder(out)
 		enc.SetIndent("", "  ")
 		return enc.Encode(v)

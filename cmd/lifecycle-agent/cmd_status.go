@@ -39,17 +39,14 @@ waiting for a disruption slot (...)" or "shutting down".
 		Args:        noArgs,
 		Annotations: needsConfig,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if json, _ := cmd.Flags().GetBool("json"); json {
-				o.Output = outJSON
-			}
-			if err := checkOutput(o.Output, outText, outJSON); err != nil {
+			var err error
+			if o.Output, err = outputOf(cmd, o.Output, outText, outJSON); err != nil {
 				return err
 			}
 			return failed(runStatus(cmd.Context(), e, o))
 		},
 	}
-	addOutputFlag(cmd, &o.Output, outText, outJSON)
-	cmd.Flags().Bool("json", false, "same as -o json")
+	addOutputFlags(cmd, &o.Output, outText, outJSON)
 	return cmd
 }
 

@@ -28,6 +28,25 @@ func addOutputFlag(cmd *cobra.Command, p *string, formats ...string) {
 	cmd.Flags().StringVarP(p, "output", "o", outText, "output format: "+strings.Join(formats, ", "))
 }
 
+// addOutputFlags adds -o/--output and --json, the older spelling of -o
+// json, kept as an alias (status, doctor, gpu inventory).
+func addOutputFlags(cmd *cobra.Command, p *string, formats ...string) {
+	addOutputFlag(cmd, p, formats...)
+	cmd.Flags().Bool("json", false, "same as -o json")
+}
+
+// outputOf is the format asked for: -o, with --json folded in; refused when
+// not one of formats, or when --json contradicts -o.
+func outputOf(cmd *cobra.Command, o string, formats ...string) (string, error) {
+	if j, _ := cmd.Flags().GetBool("json"); j {
+		if cmd.Flags().Changed("output") && o != outJSON {
+			return "", usageErrorf("--json and --output %q: give one of them", o)
+		}
+		o = outJSON
+	}
+	return o, checkOutput(o, formats...)
+}
+
 // checkOutput refuses a format not in formats.
 func checkOutput(o string, formats ...string) error {
 	for _, f := range formats {

@@ -69,6 +69,11 @@ func TestGPUCommands(t *testing.T) {
 	}{
 		{name: "inventory without NVML", args: []string{"gpu", "inventory"}, nvml: true, code: 3, stderr: noNVML},
 		{name: "inventory --json without NVML", args: []string{"gpu", "inventory", "--json"}, nvml: true, code: 3, stderr: noNVML},
+		{name: "inventory -o json without NVML", args: []string{"gpu", "inventory", "-o", "json"}, nvml: true, code: 3, stderr: noNVML},
+		{
+			name: "inventory -o yaml", args: []string{"gpu", "inventory", "-o", "yaml"}, code: 2,
+			stderr: `^lifecycle-agent: gpu inventory: --output "yaml": want text, json; run 'lifecycle-agent gpu inventory --help'\n$`,
+		},
 		{name: "reset --dry-run without NVML", args: []string{"gpu", "reset", "--dry-run", "--gpus", "all"}, nvml: true, code: 3, stderr: noNVML},
 		{
 			name: "reset without --dry-run", args: []string{"gpu", "reset", "--gpus", "all"}, code: 2,
@@ -161,7 +166,11 @@ func TestGPUInventoryOutput(t *testing.T) {
 				<-w
 			}
 			var out bytes.Buffer
-			if err := writeInventory(&out, m, gpuInventoryOptions{JSON: tc.json}); err != nil {
+			o := gpuInventoryOptions{Output: outText}
+			if tc.json {
+				o.Output = outJSON
+			}
+			if err := writeInventory(&out, m, o); err != nil {
 				t.Fatal(err)
 			}
 			for _, w := range tc.want {

@@ -233,6 +233,20 @@ func TestSmoke(t *testing.T) {
 			stderr: "lifecycle-agent: journal verify: the journal is corrupt: " + garbage + ": invalid database; the agent moves it aside (journal.db.corrupt-<time>) and starts afresh at its next start, see docs/troubleshooting.md",
 		},
 
+		// One output flag style: -o, with --json its alias.
+		{
+			name: "doctor -o yaml", args: []string{"doctor", "-o", "yaml"}, code: 2,
+			stderr: `lifecycle-agent: doctor: --output "yaml": want text, json; run 'lifecycle-agent doctor --help'`,
+		},
+		{
+			name: "status --json -o text", args: []string{"status", "--json", "-o", "text", "--socket", runDir + "/none.sock"}, code: 2,
+			stderr: `lifecycle-agent: status: --json and --output "text": give one of them; run 'lifecycle-agent status --help'`,
+		},
+		{
+			name: "status -o json without an agent", args: []string{"status", "-o", "json", "--socket", runDir + "/none.sock"}, code: 6,
+			stderr: `lifecycle-agent: status: the agent is not running: no control socket at ` + runDir + `/none.sock; start it: systemctl start lifecycle-agent`,
+		},
+
 		// The agent does not answer: exit 6, retry later.
 		{
 			name: "status without an agent", args: []string{"status", "--json", "--socket", runDir + "/none.sock"}, code: 6,
