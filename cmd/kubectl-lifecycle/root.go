@@ -17,6 +17,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/utils/clock"
 
+	"github.com/lifecycle-agent/lifecycle-agent/api/v1alpha1"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/apiclient"
 )
 
@@ -129,11 +130,25 @@ func (o *options) runE(f func(ctx context.Context, args []string) error) func(*c
 			return ee
 		case cmd.Context().Err() != nil:
 			return fail(exitInterrupted, "interrupted")
+		case missingAPI(err):
+			return fail(exitFailed, "%v: this cluster does not serve the %s API (the CRDs LifecycleEvent and LifecycleTransition are not installed); install them with the manifests: lifecycle-agent manifests | kubectl apply -f - (docs/install.md)", err, v1alpha1.GroupName)
 		case apierrors.IsForbidden(err):
 			return fail(exitFailed, "%v; a plugin user needs the ClusterRole lifecycle-agent:operator (in lifecycle-agent manifests), e.g. kubectl create clusterrolebinding lifecycle-operators --clusterrole=lifecycle-agent:operator --user=NAME", err)
 		}
 		return fail(exitFailed, "%v", err)
 	}
+}
+
+// missingAPI reports whether err is the API server's 404 for a resource it
+// does not serve at all in our group (no CRD), not for one missing object.
+func missingAPI(err error) bool {
+	var st apierrors.APIStatus
+	if !apierrors.IsNotFound(err) || !errors.As(err, &st) {
+		return false
+	}
+	s := st.Status()
+	return s.Details != nil && s.Details.Group == v1alpha1.GroupName &&
+		strings.HasPrefix(s.Message, "the server could not find the requested resource")
 }
 
 // execute runs the command line and returns the exit code.

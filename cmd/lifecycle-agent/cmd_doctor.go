@@ -36,8 +36,9 @@ const (
 // that, and above the ±1 s error of a measurement from a Date header.
 const maxClockSkew = 5 * time.Second
 
-// fixManifests installs the CRDs, the RBAC and the admission policy.
-const fixManifests = "kubectl apply -f <(lifecycle-agent manifests)"
+// fixManifests installs the CRDs, the RBAC and the admission policy (a
+// pipe, not bash's <(...): any shell, and sudo, run it).
+const fixManifests = "lifecycle-agent manifests | kubectl apply -f -"
 
 type doctorOptions struct {
 	Output string // outText or outJSON
@@ -197,7 +198,7 @@ func doctorAPI(ctx context.Context, cfg *config.Config, report func(...check)) {
 	var id apiclient.Identity
 	c := bounded(func(ctx context.Context) check {
 		if id, err = d.WhoAmI(ctx); err != nil {
-			c := apiFailure("api", d.Host(), cfg, err)
+			c := whoAmIFailure(d.Host(), cfg, err)
 			c.Message += notChecked
 			return c
 		}
@@ -243,6 +244,24 @@ func doctorAPI(ctx context.Context, cfg *config.Config, report func(...check)) {
 		}
 		return doctorClock(s.Offset())
 	}))
+}
+
+// whoAmIFailure is the "api" check's failure: SelfSubjectReview is built
+// into Kubernetes (authentication.k8s.io/v1 since 1.28) and allowed to
+// every authenticated user, so the manifests are never its fix.
+func whoAmIFailure(server string, cfg *config.Config, err error) check {
+	var pe *apiclient.ProbeError
+	if errors.As(err, &pe) {
+		switch pe.Kind {
+		case apiclient.FailNotFound:
+			return fail("api", "upgrade the control plane: the agent needs kube-apiserver 1.30 or newer (docs/install.md)",
+				"%s serves no SelfSubjectReview (authentication.k8s.io/v1, built in since Kubernetes 1.28): %s", server, pe.Msg)
+		case apiclient.FailForbidden:
+			return fail("api", "restore the built-in ClusterRoleBinding system:basic-user (it lets every authenticated user ask who it is), or set kubeconfig to the kubelet's",
+				"%s: %s", pe.Op, pe.Msg)
+		}
+	}
+	return apiFailure("api", server, cfg, err)
 }
 
 // apiFailure turns a failed request into a check with a fix for its cause.

@@ -90,12 +90,12 @@ func TestDoctorRBAC(t *testing.T) {
 			acc: all(func(p apiclient.Permission) bool {
 				return p.Resource != "lifecycleleases" && p.ResourcePath() != "lifecycleevents/status"
 			}),
-			want: "✗ rbac: missing lifecycleevents/status update, lifecycleleases get/create/update in lifecycle-system — fix: kubectl apply -f <(lifecycle-agent manifests)",
+			want: "✗ rbac: missing lifecycleevents/status update, lifecycleleases get/create/update in lifecycle-system — fix: lifecycle-agent manifests | kubectl apply -f -",
 		},
 		{
 			name: "only leases create",
 			acc:  all(func(p apiclient.Permission) bool { return p.Resource != "lifecycleleases" || p.Verb != "create" }),
-			want: "✗ rbac: missing lifecycleleases create in lifecycle-system — fix: kubectl apply -f <(lifecycle-agent manifests)",
+			want: "✗ rbac: missing lifecycleleases create in lifecycle-system — fix: lifecycle-agent manifests | kubectl apply -f -",
 		},
 	}
 	for _, tt := range tests {
@@ -205,6 +205,40 @@ func TestDoctorOffline(t *testing.T) {
 				if !regexp.MustCompile("^" + re + "$").MatchString(lines[i]) {
 					t.Errorf("line %d:\n got %s\nwant %s", i+1, lines[i], re)
 				}
+			}
+		})
+	}
+}
+
+// SelfSubjectReview is built in: its failures never point at the manifests.
+func TestDoctorWhoAmIFailure(t *testing.T) {
+	cfg := &config.Config{Kubeconfig: "/etc/kubernetes/kubelet.conf"}
+	tests := []struct {
+		name string
+		err  error
+		want string
+	}{
+		{
+			name: "not served", err: &apiclient.ProbeError{Kind: apiclient.FailNotFound, Op: "SelfSubjectReview", Msg: "the server could not find the requested resource"},
+			want: "✗ api: https://k:6443 serves no SelfSubjectReview (authentication.k8s.io/v1, built in since Kubernetes 1.28): the server could not find the requested resource — fix: upgrade the control plane: the agent needs kube-apiserver 1.30 or newer (docs/install.md)",
+		},
+		{
+			name: "forbidden", err: &apiclient.ProbeError{Kind: apiclient.FailForbidden, Op: "SelfSubjectReview", Msg: "forbidden: User \"x\" cannot create resource \"selfsubjectreviews\""},
+			want: "✗ api: SelfSubjectReview: forbidden: User \"x\" cannot create resource \"selfsubjectreviews\" — fix: restore the built-in ClusterRoleBinding system:basic-user (it lets every authenticated user ask who it is), or set kubeconfig to the kubelet's",
+		},
+		{
+			name: "unreachable: as every API check", err: &apiclient.ProbeError{Kind: apiclient.FailUnreachable, Op: "SelfSubjectReview", Msg: "connection refused"},
+			want: "✗ api: https://k:6443 unreachable: connection refused — fix: check the server address in /etc/kubernetes/kubelet.conf and that the API server is up and reachable from this node",
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := whoAmIFailure("https://k:6443", cfg, tt.err).String()
+			if got != tt.want {
+				t.Errorf("\n got %s\nwant %s", got, tt.want)
+			}
+			if strings.Contains(got, "manifests") {
+				t.Errorf("SelfSubjectReview's failure points at the manifests: %s", got)
 			}
 		})
 	}

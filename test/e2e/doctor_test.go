@@ -93,7 +93,7 @@ func TestDoctor(t *testing.T) {
 	}
 	closedKC := closedPortKubeconfig(t)
 
-	const fixManifests = " — fix: kubectl apply -f <(lifecycle-agent manifests)"
+	const fixManifests = " — fix: lifecycle-agent manifests | kubectl apply -f -"
 	q := regexp.QuoteMeta
 	okAPI := map[string]string{
 		"identity":  q("✓ identity: system:node:" + node + " (groups system:nodes, system:authenticated)"),

@@ -5,6 +5,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -25,6 +29,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/util/retry"
 
 	"github.com/lifecycle-agent/lifecycle-agent/api/v1alpha1"
@@ -592,4 +597,46 @@ func TestOperatorClusterRole(t *testing.T) {
 	wantExit(t, pluginAs(t, kc, 60*time.Second, "cancel", strings.TrimSpace(r.stdout), "--wait"), 0, "cancel as ops-user")
 	r = pluginAs(t, kc, 90*time.Second, "rollout", "uncordon", "--max-concurrent", "1", "--group", "ops-test", "--wait", node)
 	wantExit(t, r, 0, "rollout as ops-user")
+}
+
+// A cluster without the CRDs (the manifests never applied): the real API
+// server's 404, reached through a proxy that sends the plugin's requests for
+// our group to a group the server does not serve, becomes one line saying
+// what is missing and how to install it; a missing event keeps its own
+// message.
+func TestMissingCRDs(t *testing.T) {
+	admin := env.AdminConfig()
+	upstream, err := url.Parse(admin.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt, err := rest.TransportFor(admin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := httputil.NewSingleHostReverseProxy(upstream)
+	proxy.Transport = rt
+	director := proxy.Director
+	proxy.Director = func(r *http.Request) {
+		director(r)
+		r.URL.Path = strings.Replace(r.URL.Path, "/apis/"+v1alpha1.GroupName+"/", "/apis/absent."+v1alpha1.GroupName+"/", 1)
+	}
+	srv := httptest.NewServer(proxy)
+	t.Cleanup(srv.Close)
+	kc := filepath.Join(t.TempDir(), "no-crds.kubeconfig")
+	if err := testenv.WriteKubeconfig(kc, &rest.Config{Host: srv.URL}); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{{"status"}, {"transitions"}, {"history"}} {
+		r := pluginAs(t, kc, 30*time.Second, args...)
+		want := "this cluster does not serve the lifecycle.x-k8s.io API (the CRDs LifecycleEvent and LifecycleTransition are not installed); install them with the manifests: lifecycle-agent manifests | kubectl apply -f -"
+		if r.code != 1 || !strings.Contains(r.stderr, want) || strings.Count(strings.TrimSpace(r.stderr), "\n") != 0 {
+			t.Errorf("kubectl lifecycle %s without the CRDs: exit %d\n%s\nwant exit 1 and one line containing %q", strings.Join(args, " "), r.code, r.stderr, want)
+		}
+	}
+	// With the CRDs, a missing event is just that.
+	r := plugin(t, 30*time.Second, "status", "no-such-event-or-node")
+	if strings.Contains(r.stderr, "does not serve") {
+		t.Errorf("a missing object was reported as a missing API:\n%s", r.stderr)
+	}
 }
