@@ -235,6 +235,9 @@ func (cs *controlState) handler() http.Handler {
 		name := r.URL.Query().Get("name")
 		out := EventView{Name: name, Queued: cs.eng.Queued(name), Source: "journal"}
 		if out.Queued {
+			// Not yet published: the agent's own record of it (the API
+			// server did not answer the create).
+			out.Source = "agent"
 			writeJSON(w, out)
 			return
 		}

@@ -128,11 +128,20 @@ func TestRequestOffline(t *testing.T) {
 		t.Fatal(err)
 	}
 	code, out, errOut := cli(t, a, time.Minute, "request", "uncordon")
+	// Followed while still queued: the running agent's own record, not
+	// "the agent is not running" (the API server is what does not answer).
+	wcode, wout, werr := -1, "", ""
+	if code == 0 && len(strings.Fields(out)) > 0 {
+		wcode, wout, werr = cli(t, a, time.Minute, "wait", strings.Fields(out)[0], "--timeout", "2s")
+	}
 	if rerr := restart(context.Background()); rerr != nil {
 		t.Fatalf("restarting kube-apiserver: %v", rerr)
 	}
 	if code != 0 || !strings.Contains(out, "queued") {
 		t.Fatalf("offline request: exit %d\nstdout: %s\nstderr: %s", code, out, errOut)
+	}
+	if wcode != 4 || !strings.Contains(wout, "queued [the API server does not answer: the agent's own view]") || strings.Contains(wout+werr, "not running") {
+		t.Errorf("wait on the queued request: exit %d (want 4, timed out while queued)\nstdout: %s\nstderr: %s", wcode, wout, werr)
 	}
 	name := strings.Fields(out)[0]
 	ev := waitEvent(t, name, 2*time.Minute)

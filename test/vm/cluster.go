@@ -130,10 +130,14 @@ func (c *Cluster) StartVM(t testing.TB) *VM {
 	return c.StartVMWith(t, Options{})
 }
 
-// StartVMWith is StartVM with options (APIForward and Dir are the cluster's).
+// StartVMWith is StartVM with options (Dir is the cluster's; APIForward
+// too unless set, e.g. to a testenv.CutProxy in front of the API server).
 func (c *Cluster) StartVMWith(t testing.TB, opts Options) *VM {
 	t.Helper()
-	opts.APIForward, opts.Dir = c.APIForward(), c.Dir
+	if opts.APIForward == "" {
+		opts.APIForward = c.APIForward()
+	}
+	opts.Dir = c.Dir
 	return Start(t, opts)
 }
 

@@ -59,12 +59,25 @@ func startAgentNode(t *testing.T) *agentNode {
 // startAgentNodeWith is startAgentNode with VM options.
 func startAgentNodeWith(t *testing.T, opts vm.Options) *agentNode {
 	t.Helper()
+	return startAgentNodeConfig(t, opts, agentConfig)
+}
+
+// startAgentNodeConfig is startAgentNodeWith with the agent's config (added
+// to nodeName: vm-node).
+func startAgentNodeConfig(t *testing.T, opts vm.Options, config string) *agentNode {
+	t.Helper()
 	vm.RequireHostTools(t)
+	vm.FindDeb(t)
+	return startAgentNodeOn(t, vm.StartCluster(t), opts, config)
+}
+
+// startAgentNodeOn is startAgentNodeConfig on a cluster already started.
+func startAgentNodeOn(t *testing.T, c *vm.Cluster, opts vm.Options, config string) *agentNode {
+	t.Helper()
 	deb := vm.FindDeb(t)
-	c := vm.StartCluster(t)
 	rec := c.RecordNode(t)
 	v := c.StartVMWith(t, opts)
-	c.ProvisionNode(t, v, agentConfig)
+	c.ProvisionNode(t, v, config)
 	out := vm.InstallDeb(t, v, deb)
 	t.Logf("dpkg -i %s:\n%s", filepath.Base(deb), out)
 	vm.WaitAgentActive(t, v, agentStartTimeout)
