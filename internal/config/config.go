@@ -153,6 +153,9 @@ type OSUpgradeProfile struct {
 	Command      []string // argv; Command[0] is an absolute path
 	Timeout      time.Duration
 	RebootPolicy string // RebootAlways, RebootNever or RebootIfRequired
+	// Check (optional) tells, after the node went down while Command ran,
+	// whether the upgrade completed: exit 0 yes, 1..125 no (run it again).
+	Check []string
 }
 
 // Exec is the exec.* section. It comes from the file only.

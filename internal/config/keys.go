@@ -213,9 +213,13 @@ var keys = []*key{
   profiles:
     ## Run without a shell unless you call one; $PATH is not searched.
     debian-full-upgrade:
-      command: [/bin/sh, -c, "apt-get update && DEBIAN_FRONTEND=noninteractive apt-get -y full-upgrade"]
+      ## --force-confdef/--force-confold: an edited conffile keeps its
+      ## edits and never prompts (there is nobody to answer).
+      command: [/bin/sh, -c, "apt-get update && DEBIAN_FRONTEND=noninteractive apt-get -y -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold full-upgrade"]
       timeout: 1h
       rebootPolicy: if-required
+      ## After a power cut mid-upgrade: done when nothing is left to upgrade.
+      check: [/bin/sh, -c, "apt-get -s -o Debug::NoLocking=1 full-upgrade | grep -q '^0 upgraded, 0 newly installed'"]
 `,
 	},
 	{

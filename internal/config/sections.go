@@ -189,6 +189,15 @@ var profileFields = []field[OSUpgradeProfile]{
 		decode: enumField(func(p *OSUpgradeProfile) *string { return &p.RebootPolicy },
 			RebootAlways, RebootNever, RebootIfRequired),
 	},
+	{
+		name: "check", typ: "list of strings",
+		doc: "Optional command that tells, after the node went down while the command ran (a power " +
+			"cut, a crash of the host), whether the upgrade completed: exit 0 yes (the event goes on to " +
+			"the reboot and verify), any other exit status no (the command runs again); one that cannot " +
+			"be run fails the step. Without a check such an upgrade is never run again blindly: the step " +
+			"fails and says so. It gets the command's environment and timeout.",
+		decode: argvField(func(p *OSUpgradeProfile) *[]string { return &p.Check }, true),
+	},
 }
 
 func decodeProfiles(d *fileDecoder, n *yaml.Node, at string) error {

@@ -16,6 +16,12 @@ const Prefix = "lifecycle-agent.x-k8s.io/"
 // ErrBadParameter marks a parameter the driver refuses; the event fails with it.
 var ErrBadParameter = errors.New("drivers: bad parameter")
 
+// ErrUndecidable, from a Step's Done, says that a replay cannot tell
+// whether the step took effect and must not run it again blindly: the
+// engine fails the step with the error's message (any other error from
+// Done runs the step again).
+var ErrUndecidable = errors.New("cannot tell whether the step took effect")
+
 // Driver is one transition the agent can perform.
 type Driver interface {
 	// Name is the full driver name, e.g. lifecycle-agent.x-k8s.io/drain.

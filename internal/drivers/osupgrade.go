@@ -217,9 +217,12 @@ type target struct {
 }
 
 // upgradeStep runs the profile's command in a transient unit under a block
-// inhibitor.
+// inhibitor. Its replay (upgradeDone) tells an agent restart, in the same
+// boot, from the node going down while the command ran.
 func (d OSUpgrade) upgradeStep(name string, prof config.OSUpgradeProfile, t target) Step {
-	return Step{Name: "upgrade", Disruptive: true, Run: func(ctx context.Context, rt Runtime) error {
+	return Step{Name: "upgrade", Disruptive: true, Done: func(ctx context.Context, rt Runtime, intentBootID string) (bool, error) {
+		return upgradeDone(ctx, rt, intentBootID, name, prof, upgradeEnv(rt, name, t))
+	}, Run: func(ctx context.Context, rt Runtime) error {
 		h := rt.Host()
 		unit := transientUnitName("lifecycle-os-upgrade-", rt.EventName())
 		release, err := h.Inhibit(ctx, "shutdown:sleep", fmt.Sprintf("os-upgrade profile %s running (event %s)", name, rt.EventName()))
@@ -227,13 +230,7 @@ func (d OSUpgrade) upgradeStep(name string, prof config.OSUpgradeProfile, t targ
 			return fmt.Errorf("take the block inhibitor before the upgrade: %w", err)
 		}
 		defer release()
-		env := []string{"LIFECYCLE_EVENT=" + rt.EventName(), "LIFECYCLE_NODE=" + rt.Node(), "LIFECYCLE_PROFILE=" + name}
-		if t.versionID != "" {
-			env = append(env, "LIFECYCLE_TARGET_VERSION_ID="+t.versionID)
-		}
-		if t.kernel != "" {
-			env = append(env, "LIFECYCLE_TARGET_KERNEL="+t.kernel)
-		}
+		env := upgradeEnv(rt, name, t)
 		timeout := orDefault(prof.Timeout, DefaultProfileTimeout)
 		rt.Progress(fmt.Sprintf("running os-upgrade profile %s as %s (timeout %s)", name, unit, timeout))
 		if err := h.RunTransient(ctx, unit, prof.Command, env, timeout); err != nil {
@@ -245,6 +242,60 @@ func (d OSUpgrade) upgradeStep(name string, prof config.OSUpgradeProfile, t targ
 		rt.Progress(fmt.Sprintf("os-upgrade profile %s finished", name))
 		return nil
 	}}
+}
+
+// upgradeEnv is the environment of the profile's command and check.
+func upgradeEnv(rt Runtime, name string, t target) []string {
+	env := []string{"LIFECYCLE_EVENT=" + rt.EventName(), "LIFECYCLE_NODE=" + rt.Node(), "LIFECYCLE_PROFILE=" + name}
+	if t.versionID != "" {
+		env = append(env, "LIFECYCLE_TARGET_VERSION_ID="+t.versionID)
+	}
+	if t.kernel != "" {
+		env = append(env, "LIFECYCLE_TARGET_KERNEL="+t.kernel)
+	}
+	return env
+}
+
+// upgradeDone judges, on a replay, an upgrade whose intent was journaled
+// and whose end was not. In the boot it started in the agent restarted:
+// the command runs again (RunTransient first waits for the unit still
+// running; a command is idempotent by contract). In a later boot the node
+// went down while the command ran, which may have left it half done: the
+// profile's check decides (exit 0: done; other exit: run again); without
+// a check, or when it cannot run, the step fails (ErrUndecidable) rather
+// than run the upgrade again blindly.
+func upgradeDone(ctx context.Context, rt Runtime, intentBootID, name string, prof config.OSUpgradeProfile, env []string) (bool, error) {
+	h := rt.Host()
+	boot := h.BootID()
+	if intentBootID == "" || intentBootID == boot {
+		return false, nil
+	}
+	lost := fmt.Sprintf("the node went down while os-upgrade profile %s ran (boot %s, now %s)", name, short(intentBootID), short(boot))
+	if len(prof.Check) == 0 {
+		return false, fmt.Errorf("%w: %s; profile %s has no check (osUpgrade.profiles.%s.check), so the agent cannot tell whether the upgrade completed and does not run it again blindly: look at the node, then run the event again",
+			ErrUndecidable, lost, name, name)
+	}
+	_, err := h.Run(ctx, prof.Check, env, orDefault(prof.Timeout, DefaultProfileTimeout))
+	var es ExitStatusError
+	switch {
+	case err == nil:
+		rt.Progress(lost + "; its check says the upgrade completed")
+		return true, nil
+	case ctx.Err() != nil:
+		return false, ctx.Err()
+	case errors.As(err, &es) && es.ExitStatus() > 0:
+		rt.Progress(fmt.Sprintf("%s; its check says the upgrade did not complete (exit %d): running it again", lost, es.ExitStatus()))
+		return false, nil
+	}
+	return false, fmt.Errorf("%w: %s, and its check %s could not be run: %v", ErrUndecidable, lost, prof.Check[0], err)
+}
+
+// short is a boot ID's first 8 characters, as status lines show it.
+func short(id string) string {
+	if len(id) > 8 {
+		return id[:8]
+	}
+	return id
 }
 
 // waitRebootStep is mode=external's wait for the pipeline's reboot.

@@ -345,3 +345,73 @@ func TestOSUpgradeAbortWaitsForTheUnit(t *testing.T) {
 		t.Error("the node was uncordoned although the upgrade unit's state is unknown")
 	}
 }
+
+// TestOSUpgradeReplayAfterPowerLoss: an upgrade whose intent was journaled
+// in an earlier boot was cut off by the node going down. The profile's
+// check decides; without one, or when it cannot run, the step fails
+// (ErrUndecidable) instead of running the upgrade again blindly. In the
+// same boot (the agent restarted) the command runs again, as before.
+func TestOSUpgradeReplayAfterPowerLoss(t *testing.T) {
+	check := []string{"/usr/local/sbin/upgrade-done"}
+	tests := []struct {
+		name       string
+		check      []string
+		intentBoot string
+		run        func(argv, env []string) (string, error)
+		want       bool
+		undecided  string // ErrUndecidable with this in its message
+		progress   string
+		ran        int // Run calls (the check)
+	}{
+		{name: "same boot: the agent restarted", check: check, intentBoot: "boot-1"},
+		{name: "no intent boot recorded", check: check, intentBoot: ""},
+		{
+			name: "went down, no check", intentBoot: "boot-0",
+			undecided: "the node went down while os-upgrade profile apt ran (boot boot-0, now boot-1); profile apt has no check (osUpgrade.profiles.apt.check), so the agent cannot tell whether the upgrade completed and does not run it again blindly",
+		},
+		{
+			name: "went down, check says done", check: check, intentBoot: "boot-0", want: true, ran: 1,
+			progress: "its check says the upgrade completed",
+		},
+		{
+			name: "went down, check says not done", check: check, intentBoot: "boot-0", ran: 1,
+			run:      func([]string, []string) (string, error) { return "", &exitErr{status: 1} },
+			progress: "its check says the upgrade did not complete (exit 1): running it again",
+		},
+		{
+			name: "went down, check cannot run", check: check, intentBoot: "boot-0", ran: 1,
+			run:       func([]string, []string) (string, error) { return "", errors.New("fork/exec /usr/local/sbin/upgrade-done: no such file or directory") },
+			undecided: "its check /usr/local/sbin/upgrade-done could not be run: fork/exec",
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			d := OSUpgrade{Profiles: map[string]config.OSUpgradeProfile{"apt": {Command: []string{"/usr/local/sbin/upgrade-apt"}, Check: tt.check}}}
+			steps, err := d.Plan(map[string]string{"profile": "apt", "targetVersionID": "13"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			i := slices.IndexFunc(steps, func(s Step) bool { return s.Name == "upgrade" })
+			rt := newFake()
+			rt.host.run = tt.run
+			done, err := steps[i].Done(context.Background(), rt, tt.intentBoot)
+			switch {
+			case tt.undecided != "":
+				if !errors.Is(err, ErrUndecidable) || !strings.Contains(err.Error(), tt.undecided) {
+					t.Errorf("Done = %t, %v; want ErrUndecidable saying %q", done, err, tt.undecided)
+				}
+			case err != nil || done != tt.want:
+				t.Errorf("Done = %t, %v; want %t", done, err, tt.want)
+			}
+			if tt.progress != "" && !rt.progressed(tt.progress) {
+				t.Errorf("progress %q not reported: %v", tt.progress, rt.progress)
+			}
+			if len(rt.host.runs) != tt.ran {
+				t.Errorf("%d Run calls, want %d: %+v", len(rt.host.runs), tt.ran, rt.host.runs)
+			}
+			if tt.ran > 0 && !slices.Contains(rt.host.runs[0].env, "LIFECYCLE_TARGET_VERSION_ID=13") {
+				t.Errorf("the check did not get the command's environment: %v", rt.host.runs[0].env)
+			}
+		})
+	}
+}

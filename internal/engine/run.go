@@ -245,6 +245,13 @@ func (e *Engine) runSteps(ctx context.Context, a *active) (journal.Outcome, stri
 		// driver whether it took effect before doing it again.
 		if r, ok := last[s.Name]; ok && r.Phase == journal.PhaseIntent && s.Done != nil {
 			done, err := s.Done(ctx, rt, r.BootID)
+			if errors.Is(err, drivers.ErrUndecidable) {
+				// The attempt the intent was journaled for ends here.
+				msg := fmt.Sprintf("step %s failed: %v", s.Name, err)
+				a.status.Steps[i].StartTime, a.status.Steps[i].Attempt = ptrTime(r.At), int32(attempts[s.Name])
+				e.stepFailed(a, i, attempts[s.Name], msg)
+				return journal.OutcomeFailed, msg
+			}
 			if err == nil && done {
 				a.status.Steps[i].StartTime = ptrTime(r.At) // when the intent was committed
 				if err := e.stepDone(a, i, attempts[s.Name], "found done on replay"); err != nil {

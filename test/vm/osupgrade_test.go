@@ -56,7 +56,18 @@ var osUpgradeConfig = agentConfig + `osUpgrade:
       command: [/bin/sh, -c, "echo ran >> ` + upgradeRuns + ` && DEBIAN_FRONTEND=noninteractive dpkg -i --force-confdef --force-confold ` + upgradeDeb + `"]
       timeout: 5m
       rebootPolicy: if-required
+    vmtest-slow:
+      # The first run stalls (long enough for a power cut in the middle);
+      # a run after it goes straight on. The check: done when the target
+      # version is there.
+      command: [/bin/sh, -c, "echo ran >> ` + upgradeRuns + ` && sync && if [ ! -e ` + stallMark + ` ]; then touch ` + stallMark + ` && sync && sleep 600; fi && DEBIAN_FRONTEND=noninteractive dpkg -i --force-confdef --force-confold ` + upgradeDeb + `"]
+      check: [/bin/sh, -c, ". /etc/os-release && [ \"$VERSION_ID\" = \"$LIFECYCLE_TARGET_VERSION_ID\" ]"]
+      timeout: 15m
+      rebootPolicy: if-required
 `
+
+// stallMark: the slow profile's first run has started (and stalls).
+const stallMark = "/var/lib/vmtest-upgrade.stalled"
 
 // buildUpgradeDeb builds, on the host, the package the profile installs:
 // its postinst rewrites VERSION_ID in /etc/os-release (through the symlink
@@ -142,7 +153,7 @@ func (a *agentNode) runPipeline(t *testing.T, target string) (event, out string,
 // osUpgradeChecks are the assertions both outcomes share: the drain came
 // before the upgrade, the command ran once, the node rebooted once, and
 // the journal's record of the event agrees with status.steps.
-func (a *agentNode) osUpgradeChecks(t *testing.T, ev *v1alpha1.LifecycleEvent, bootAfter string) {
+func (a *agentNode) osUpgradeChecks(t *testing.T, ev *v1alpha1.LifecycleEvent, bootAfter string, wantRuns, wantBoots int) {
 	t.Helper()
 	up, empty := vm.Step(ev, "upgrade"), vm.Step(ev, "wait-empty")
 	switch {
@@ -151,14 +162,14 @@ func (a *agentNode) osUpgradeChecks(t *testing.T, ev *v1alpha1.LifecycleEvent, b
 	case up.StartTime == nil || empty.FinishTime == nil || up.StartTime.Before(empty.FinishTime):
 		t.Errorf("the upgrade started before the drain ended: wait-empty %+v, upgrade %+v", empty, up)
 	}
-	if runs := strings.Count(a.v.MustRun("cat "+upgradeRuns), "ran"); runs != 1 {
-		t.Errorf("the upgrade command ran %d times, want once", runs)
+	if runs := strings.Count(a.v.MustRun("cat "+upgradeRuns), "ran"); runs != wantRuns {
+		t.Errorf("the upgrade command ran %d times in all, want %d (once per event)", runs, wantRuns)
 	}
 	if got := a.v.BootID(); got != bootAfter {
 		t.Errorf("the node rebooted more than once: boot %s after the upgrade, now %s", bootAfter, got)
 	}
-	if a.v.Boots() != 2 {
-		t.Errorf("%d boots, want 2 (the first, and the upgrade's reboot)", a.v.Boots())
+	if a.v.Boots() != wantBoots {
+		t.Errorf("%d boots, want %d (the first, and one reboot per upgrade)", a.v.Boots(), wantBoots)
 	}
 	// The journal's history, read offline (the agent stopped), has the
 	// same steps in the same end states.
@@ -197,7 +208,7 @@ func (a *agentNode) osUpgradeChecks(t *testing.T, ev *v1alpha1.LifecycleEvent, b
 
 // (g1) Profile mode, target reached: drained, upgraded once under the
 // block inhibitor, rebooted once, verified after the boot, uncordoned,
-// Succeeded; the pipeline's wait after the reboot exits 0.
+// Succeeded; the pipeline's wait after the reboot exits 0. Then (g2).
 func TestScenarioOSUpgradeProfile(t *testing.T) {
 	defer vm.Scenario(t)()
 	a := upgradeNode(t, vm.Options{})
@@ -241,7 +252,10 @@ func TestScenarioOSUpgradeProfile(t *testing.T) {
 	if a.rec.FirstSeen(vm.Cordoned).IsZero() {
 		t.Errorf("the node was never seen cordoned:\n%s", a.rec.Describe())
 	}
-	a.osUpgradeChecks(t, ev, bootAfter)
+	a.osUpgradeChecks(t, ev, bootAfter, 1, 2)
+
+	// (g2), on the same node: the target not reached.
+	a.upgradeTargetMissed(t)
 }
 
 // (g2) Profile mode, target not reached: the package makes 12.99, the
@@ -250,9 +264,12 @@ func TestScenarioOSUpgradeProfile(t *testing.T) {
 // the node is uncordoned (docs/pipelines.md: the abort lifts the cordon
 // the event made — the node runs the OS it booted, which is not the one
 // asked for, and the pipeline that owns the upgrade decides what next).
-func TestScenarioOSUpgradeTargetMissed(t *testing.T) {
-	defer vm.Scenario(t)()
-	a := upgradeNode(t, vm.Options{})
+// It runs after (g1) on the same node (a second pipeline run: the VM
+// package's time).
+func (a *agentNode) upgradeTargetMissed(t *testing.T) {
+	t.Helper()
+	a.v.MustRun("rm -f /var/lib/vmtest-pipeline.event")
+	vm.WaitAgentActive(t, a.v, agentStartTimeout)
 	const want = "13.99"
 	event, out, code := a.runPipeline(t, want)
 	bootAfter := a.v.BootID()
@@ -278,7 +295,7 @@ func TestScenarioOSUpgradeTargetMissed(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	<-ctx.Done()
 	cancel()
-	a.osUpgradeChecks(t, ev, bootAfter)
+	a.osUpgradeChecks(t, ev, bootAfter, 2, 3)
 }
 
 // (g3) External mode, as a re-imaging tool drives it: the pipeline's
@@ -362,4 +379,53 @@ func TestScenarioOSUpgradeExternal(t *testing.T) {
 	if got := a.v.BootID(); got != bootAfter || a.v.Boots() != 2 {
 		t.Errorf("more than the pipeline's one reboot: boot %s after it, now %s, %d boots", bootAfter, got, a.v.Boots())
 	}
+}
+
+// (g4) A power cut in the middle of the upgrade (QMP reset while the
+// profile's unit runs): after the boot the replay does not run the
+// command again blindly; the profile's check (VERSION_ID not yet the
+// target) says the upgrade did not complete, so it runs again, reboots,
+// verifies and succeeds. (Without a check the step fails and says why:
+// internal/drivers TestOSUpgradeReplayAfterPowerLoss, test/e2e
+// TestReplayUndecidableStepFails.)
+func TestScenarioOSUpgradePowerCut(t *testing.T) {
+	defer vm.Scenario(t)()
+	a := upgradeNode(t, vm.Options{})
+	bootFirst := a.v.BootID()
+	event := strings.TrimSpace(a.v.MustRun("lifecycle-agent request os-upgrade --param profile=vmtest-slow --param targetVersionID=" + upgradedVersionID + " -o name"))
+	vm.Eventually(t, 3*time.Minute, "the upgrade command running (stalled)", func() (bool, string) {
+		o, code := a.v.Run("test -e " + stallMark + " && cat " + upgradeRuns)
+		return code == 0 && strings.Count(o, "ran") == 1, o
+	})
+	if e := a.c.Event(t, event); e.Status.CurrentStep != "upgrade" {
+		t.Fatalf("event %s at the power cut: %s", event, vm.DescribeEvent(e))
+	}
+	bootCut := a.v.HardReset()
+	if bootCut == bootFirst {
+		t.Fatalf("boot ID unchanged after the power cut")
+	}
+	boots := a.v.Boots()
+	ev := a.c.WaitEvent(t, event, transitionTimeout, "an end state", finished)
+	if ev.Status.ClaimStatus != v1alpha1.LifecycleEventSucceeded {
+		t.Fatalf("event %s ended %s", event, vm.DescribeEvent(ev))
+	}
+	if a.v.Boots() != boots+1 {
+		t.Errorf("%d boots after the power cut's, want 1 (the upgrade's reboot)", a.v.Boots()-boots)
+	}
+	if runs := strings.Count(a.v.MustRun("cat "+upgradeRuns), "ran"); runs != 2 {
+		t.Errorf("the upgrade command ran %d times, want 2 (cut off, then again because the check said not done)", runs)
+	}
+	log := a.v.JournalBoot(vm.Unit, -1)
+	if !strings.Contains(log, "its check says the upgrade did not complete (exit 1): running it again") {
+		t.Errorf("the agent's log of the boot after the power cut does not say what the check decided:\n%s", lastLines(log, 40))
+	}
+	if got := strings.TrimSpace(a.v.MustRun(". /etc/os-release && echo $VERSION_ID")); got != upgradedVersionID {
+		t.Errorf("VERSION_ID after the upgrade: %s", got)
+	}
+	vm.Eventually(t, time.Minute, "node uncordoned, LifecycleTransition=False/OSUpgradeComplete", func() (bool, string) {
+		n := a.c.NodeObject(t)
+		_, ann := n.Annotations[v1alpha1.AnnotationCordonedBy]
+		ok := !n.Spec.Unschedulable && !ann && vm.ConditionIs(n, v1alpha1.NodeConditionLifecycleTransition, "False", "OSUpgradeComplete")
+		return ok, fmt.Sprintf("unschedulable=%v annotation=%v condition=%+v", n.Spec.Unschedulable, ann, vm.NodeCondition(n, v1alpha1.NodeConditionLifecycleTransition))
+	})
 }
