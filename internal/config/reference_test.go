@@ -36,16 +36,40 @@ func TestGeneratedFilesUpToDate(t *testing.T) {
 	}
 }
 
-// TestExampleLoadsAsDefaults: the shipped conffile, as installed (all
-// commented out), is valid and means "all defaults".
+// TestExampleLoadsAsDefaults: the shipped conffile and the example, as
+// installed (all commented out), are valid and mean "all defaults".
 func TestExampleLoadsAsDefaults(t *testing.T) {
-	isolate(t)
-	got, err := load(t, string(repoFile(t, ExampleFile)), nil)
-	if err != nil {
-		t.Fatal(err)
+	for _, f := range []string{ConffileFile, ExampleFile} {
+		t.Run(f, func(t *testing.T) {
+			isolate(t)
+			got, err := load(t, string(repoFile(t, f)), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(valuesOf(got), *defaults()) {
+				t.Errorf("%s as shipped:\n got %+v\nwant %+v", f, valuesOf(got), *defaults())
+			}
+		})
 	}
-	if !reflect.DeepEqual(valuesOf(got), *defaults()) {
-		t.Errorf("example as shipped:\n got %+v\nwant %+v", valuesOf(got), *defaults())
+}
+
+// TestConffileIsMinimal: the conffile is comments only, names no key (a
+// key's wording or default changing must not change it: dpkg would ask
+// about an edited copy on every such upgrade), and points at the example.
+func TestConffileIsMinimal(t *testing.T) {
+	text := string(repoFile(t, ConffileFile))
+	for i, line := range strings.Split(strings.TrimRight(text, "\n"), "\n") {
+		if line != "##" && !strings.HasPrefix(line, "## ") {
+			t.Errorf("%s:%d is not a comment: %q", ConffileFile, i+1, line)
+		}
+	}
+	for _, k := range keys {
+		if strings.Contains(text, k.name+":") {
+			t.Errorf("%s names the key %s: it would change with the key table", ConffileFile, k.name)
+		}
+	}
+	if !strings.Contains(text, InstalledExample) {
+		t.Errorf("%s does not point at the example %s", ConffileFile, InstalledExample)
 	}
 }
 

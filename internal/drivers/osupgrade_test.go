@@ -380,7 +380,9 @@ func TestOSUpgradeReplayAfterPowerLoss(t *testing.T) {
 		},
 		{
 			name: "went down, check cannot run", check: check, intentBoot: "boot-0", ran: 1,
-			run:       func([]string, []string) (string, error) { return "", errors.New("fork/exec /usr/local/sbin/upgrade-done: no such file or directory") },
+			run: func([]string, []string) (string, error) {
+				return "", errors.New("fork/exec /usr/local/sbin/upgrade-done: no such file or directory")
+			},
 			undecided: "its check /usr/local/sbin/upgrade-done could not be run: fork/exec",
 		},
 	}

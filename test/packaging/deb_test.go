@@ -163,6 +163,7 @@ func TestShippedFiles(t *testing.T) {
 	root := extract(t, deb)
 	same := []struct{ inDeb, inRepo string }{
 		{"etc/lifecycle-agent/config.yaml", "packaging/config.yaml"},
+		{"usr/share/doc/lifecycle-agent/examples/config.yaml", "packaging/config.example.yaml"},
 		{"lib/systemd/system/lifecycle-agent.service", "packaging/systemd/lifecycle-agent.service"},
 		{"usr/share/doc/lifecycle-agent/copyright", "packaging/deb/copyright"},
 		{"usr/share/lintian/overrides/lifecycle-agent", "packaging/deb/lintian-overrides"},

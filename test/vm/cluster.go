@@ -232,6 +232,21 @@ func InstallDeb(t testing.TB, v *VM, deb string) string {
 	return out
 }
 
+// UpgradeDeb installs a newer package over the installed one as an
+// unattended upgrade does: plain dpkg -i, no --force-conf* option and no
+// terminal (stdin /dev/null), so that a conffile prompt would fail it. It
+// returns dpkg's output.
+func UpgradeDeb(t testing.TB, v *VM, deb string) string {
+	t.Helper()
+	dst := "/root/pkgs/" + filepath.Base(deb)
+	v.MustRun("mkdir -p /root/pkgs")
+	v.CopyIn(deb, dst)
+	start := time.Now()
+	out := v.MustRun("DEBIAN_FRONTEND=noninteractive dpkg -i " + shellQuote(dst) + " </dev/null 2>&1")
+	Timings.Record("dpkg -i (upgrade)", time.Since(start))
+	return out
+}
+
 // WaitAgentActive waits until systemd reports the agent's unit active (it is
 // Type=notify: active means READY=1 was sent).
 func WaitAgentActive(t testing.TB, v *VM, timeout time.Duration) {

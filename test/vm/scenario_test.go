@@ -494,7 +494,17 @@ func TestScenarioUpgradeMidTransition(t *testing.T) {
 	oldPID := strings.TrimSpace(a.v.MustRun("systemctl show -p MainPID --value " + vm.Unit))
 	oldVer := strings.TrimSpace(a.v.MustRun("dpkg-query -W -f='${Version}' lifecycle-agent"))
 
-	t.Logf("dpkg -i %s:\n%s", filepath.Base(newDeb), vm.InstallDeb(t, a.v, newDeb))
+	// As an unattended upgrade: no --force-conf*, no terminal, over the
+	// provisioned (edited) config. The conffile is the same in both
+	// versions, so dpkg must not ask, and the edits must stay.
+	upOut := vm.UpgradeDeb(t, a.v, newDeb)
+	t.Logf("dpkg -i %s:\n%s", filepath.Base(newDeb), upOut)
+	if strings.Contains(upOut, "Configuration file") || strings.Contains(upOut, "conffile") {
+		t.Errorf("the upgrade over the edited config asked about the conffile:\n%s", upOut)
+	}
+	if cfg := a.v.MustRun("cat " + vm.GuestConfig); !strings.Contains(cfg, "nodeName: "+vm.NodeName) {
+		t.Errorf("the upgrade lost the config's edits:\n%s", cfg)
+	}
 	newVer := strings.TrimSpace(a.v.MustRun("dpkg-query -W -f='${Version}' lifecycle-agent"))
 	if newVer == oldVer {
 		t.Fatalf("package version unchanged: %s", newVer)
