@@ -587,10 +587,17 @@ func TestScenarioRemovePurge(t *testing.T) {
 	if again := strings.TrimSpace(a.v.MustRun("stat -c %i " + vm.GuestStateDir + "/journal.db")); again != inode {
 		t.Errorf("the reinstalled agent did not keep the journal (inode %s, was %s)", again, inode)
 	}
+	// Purge removes the state and the config, but never a journal the
+	// agent moved aside as corrupt (evidence); the directory stays for it.
+	corrupt := vm.GuestStateDir + "/journal.db.corrupt-20261201T000000Z"
+	a.v.MustRun("echo garbage > " + corrupt)
 	a.v.MustRun("DEBIAN_FRONTEND=noninteractive apt-get purge -y lifecycle-agent 2>&1")
-	if out, code := a.v.Run("test ! -e " + vm.GuestStateDir + " && test ! -e " + vm.GuestConfig + " && ! dpkg-query -W lifecycle-agent 2>/dev/null"); code != 0 {
+	if out, code := a.v.Run("test ! -e " + vm.GuestStateDir + "/journal.db && test ! -e " + vm.GuestConfig + " && ! dpkg-query -W lifecycle-agent 2>/dev/null"); code != 0 {
 		out2, _ := a.v.Run("ls -la " + vm.GuestStateDir + " /etc/lifecycle-agent; dpkg -l lifecycle-agent")
 		t.Errorf("after purge, state, config or package left: %s%s", out, out2)
+	}
+	if left := strings.Fields(a.v.MustRun("ls -A " + vm.GuestStateDir)); len(left) != 1 || left[0] != filepath.Base(corrupt) {
+		t.Errorf("after purge %s holds %v; want only the corrupt journal kept as evidence", vm.GuestStateDir, left)
 	}
 	if out, code := a.v.Run("test -f " + vm.GuestKubeconfig); code != 0 {
 		t.Errorf("purge removed the kubelet's kubeconfig: %s", out)
