@@ -16,7 +16,7 @@ export CGO_CFLAGS := -O2 -g -Wno-deprecated-declarations
 GOFLAGS_TEST ?= -race
 TEST_TIMEOUT ?= 30m
 
-.PHONY: all build generate verify-generated test test-unit test-vm test-vm-full lint demo deb bench kubebin clean
+.PHONY: all build generate verify-generated test test-unit test-vm test-vm-full lint demo sandbox deb bench kubebin clean
 
 all: build
 
@@ -63,8 +63,11 @@ test-vm: kubebin deb ## VM tests: harness, (a) reboot, (b) graceful shutdown, (c
 
 test-vm-full: test-vm ## the same as test-vm (every scenario); kept for old habits
 
-demo: build kubebin ## the main job on an embedded local control plane, host actions simulated
+demo: build kubebin ## the main job on an embedded local control plane, host actions simulated: drain, uncordon, a reboot resumed across the (simulated) reboot
 	$(GO) run -tags $(TAGS) ./hack/demo
+
+sandbox: build kubebin ## keep playing: the control plane and three nodes with their agents (simulate mode) until Ctrl-C
+	$(GO) run -tags $(TAGS) ./hack/demo -sandbox
 
 deb: ## $(DIST)/lifecycle-agent_<version>_amd64.deb; DEB_VERSION=x.y.z, DIST=dir
 	DIST="$(DIST)" GO="$(GO)" hack/build-deb.sh $(DEB_VERSION)

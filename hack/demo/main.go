@@ -6,13 +6,24 @@
 // demo-node with a few pods behind a PodDisruptionBudget and a DaemonSet
 // pod, runs bin/lifecycle-agent as that node (host.mode=simulate, the
 // kubelet's identity system:node:demo-node), creates a drain event and then
-// an uncordon event, prints their progress live and ends with a summary.
-// Everything it started is stopped on exit.
+// an uncordon event, prints their progress live; then a reboot event: at
+// the (simulated) reboot the demo kills the agent as a real reboot would,
+// starts it again on the same journal, and the event resumes from the
+// journal, whose record of it (intent and done of each step, with the boot
+// it happened in) it prints at the end with a summary. Everything it
+// started is stopped on exit.
+//
+// With -sandbox it does not run the script: it starts the control plane
+// and three nodes, each with its own agent (simulate mode), prints the
+// admin kubeconfig and commands to try, and runs until Ctrl-C.
 package main
 
 import (
 	"context"
+	"encoding/json"
+	"flag"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -30,14 +41,22 @@ import (
 
 	"github.com/lifecycle-agent/lifecycle-agent/api/v1alpha1"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/apiclient"
+	"github.com/lifecycle-agent/lifecycle-agent/internal/journal"
 	"github.com/lifecycle-agent/lifecycle-agent/test/testenv"
 )
 
 const node = "demo-node"
 
 func main() {
+	sandbox := flag.Bool("sandbox", false, "start the control plane and three nodes with their agents, print how to use them, run until Ctrl-C")
+	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := run(ctx)
+	var err error
+	if *sandbox {
+		err = runSandbox(ctx)
+	} else {
+		err = run(ctx)
+	}
 	stop()
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "demo: %v\n", err)
@@ -93,28 +112,15 @@ func run(ctx context.Context) error {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	kc, err := env.WriteKubeconfigFor("node:" + node)
+	a, err := newAgent(env, bin, dir, node)
 	if err != nil {
 		return err
 	}
-	port, err := freePort()
-	if err != nil {
+	if err := a.start(); err != nil {
 		return err
 	}
-	agentLog, err := os.Create(filepath.Join(dir, "agent.log"))
-	if err != nil {
-		return err
-	}
-	cmd := exec.Command(bin, "run", "--node-name", node, "--kubeconfig", kc, "--journal", filepath.Join(dir, "journal.db"),
-		"--socket", filepath.Join(dir, "agent.sock"), "--metrics-address", fmt.Sprintf("127.0.0.1:%d", port),
-		"--host-mode", "simulate", "--config", writeConfig(dir))
-	cmd.Stdout, cmd.Stderr = agentLog, agentLog
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		return err
-	}
-	defer func() { _ = cmd.Process.Signal(syscall.SIGTERM); _ = cmd.Wait() }()
-	say("agent started as system:node:%s, host actions simulated (log: %s)", node, agentLog.Name())
+	defer a.stop(syscall.SIGTERM)
+	say("agent started as system:node:%s, host actions simulated (log: %s)", node, a.log)
 
 	lc, err := apiclient.NewLifecycleClients(admin)
 	if err != nil {
@@ -126,14 +132,23 @@ func run(ctx context.Context) error {
 	}
 
 	results := []string{}
-	for _, step := range []struct{ name, transition string }{{"demo-drain", node + "-drain"}, {"demo-uncordon", node + "-uncordon"}} {
+	for _, step := range []struct{ name, transition string }{{"demo-drain", node + "-drain"}, {"demo-uncordon", node + "-uncordon"}, {"demo-reboot", node + "-reboot"}} {
 		ev := &v1alpha1.LifecycleEvent{ObjectMeta: metav1.ObjectMeta{Name: step.name},
 			Spec: v1alpha1.LifecycleEventSpec{TransitionName: step.transition, BindingNode: node}}
 		if _, err := lc.Events.Create(ctx, ev, metav1.CreateOptions{}); err != nil {
 			return err
 		}
 		say("created LifecycleEvent %s (transition %s)", step.name, step.transition)
-		final, took, err := follow(ctx, lc, step.name)
+		tick := func() {}
+		if step.name == "demo-reboot" {
+			// The stand-in kubelet reports NotReady until the node is back,
+			// as a real one does across a reboot.
+			if err := testenv.SetNodeReady(ctx, admin, node, false); err != nil {
+				return err
+			}
+			tick = a.rebootOnce(ctx, admin)
+		}
+		final, took, err := follow(ctx, lc, step.name, tick)
 		if err != nil {
 			return err
 		}
@@ -158,7 +173,12 @@ func run(ctx context.Context) error {
 		}
 	}
 	n, _ := cs.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
-	status, _ := exec.Command(bin, "status", "--socket", filepath.Join(dir, "agent.sock"), "--config", filepath.Join(dir, "config.yaml")).CombinedOutput()
+	status, _ := exec.Command(bin, "status", "--socket", a.socket(), "--config", filepath.Join(dir, "config.yaml")).CombinedOutput()
+	a.stop(syscall.SIGTERM)
+	record, err := journalRecord(bin, a, "demo-reboot")
+	if err != nil {
+		return err
+	}
 	fmt.Println()
 	fmt.Println("==== summary ====")
 	for _, r := range results {
@@ -166,6 +186,7 @@ func run(ctx context.Context) error {
 	}
 	fmt.Printf("node %s schedulable again: %v\n", node, !n.Spec.Unschedulable)
 	fmt.Printf("`lifecycle-agent status` says:\n%s", indent(string(status)))
+	fmt.Printf("the journal's record of demo-reboot (`lifecycle-agent journal export`, agent stopped): the reboot step's intent in the boot before, what follows in the new boot; a step the kill cut off ran again after the restart (attempt 2):\n%s", indent(record))
 	fmt.Printf("demo finished in %.1fs; stopping the agent and the control plane\n", time.Since(t0).Seconds())
 	if n.Spec.Unschedulable {
 		return fmt.Errorf("node %s is still cordoned", node)
@@ -176,6 +197,132 @@ func run(ctx context.Context) error {
 func indent(s string) string {
 	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
 	return "  " + strings.Join(lines, "\n  ") + "\n"
+}
+
+// agent is one lifecycle-agent process for a node, restartable on the same
+// journal.
+type agent struct {
+	env             *testenv.Env
+	bin, dir, node  string
+	kubeconfig, log string
+	cmd             *exec.Cmd
+	done            chan struct{} // closed when cmd exited
+}
+
+func newAgent(env *testenv.Env, bin, dir, node string) (*agent, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	kc, err := env.WriteKubeconfigFor("node:" + node)
+	if err != nil {
+		return nil, err
+	}
+	return &agent{env: env, bin: bin, dir: dir, node: node, kubeconfig: kc, log: filepath.Join(dir, "agent.log")}, nil
+}
+
+func (a *agent) socket() string { return filepath.Join(a.dir, "agent.sock") }
+
+func (a *agent) start() error {
+	port, err := freePort()
+	if err != nil {
+		return err
+	}
+	f, err := os.OpenFile(a.log, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command(a.bin, "run", "--node-name", a.node, "--kubeconfig", a.kubeconfig, "--journal", filepath.Join(a.dir, "journal.db"),
+		"--socket", a.socket(), "--metrics-address", fmt.Sprintf("127.0.0.1:%d", port),
+		"--host-mode", "simulate", "--config", writeConfig(a.dir))
+	cmd.Stdout, cmd.Stderr = f, f
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		f.Close()
+		return err
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); f.Close(); close(done) }()
+	a.cmd, a.done = cmd, done
+	return nil
+}
+
+// stop signals the agent and waits for it to exit (at most 20 s, then kill).
+func (a *agent) stop(sig syscall.Signal) {
+	if a.cmd == nil {
+		return
+	}
+	cmd, done := a.cmd, a.done
+	a.cmd = nil
+	_ = cmd.Process.Signal(sig)
+	select {
+	case <-done:
+	case <-time.After(20 * time.Second):
+		_ = cmd.Process.Kill()
+		<-done
+	}
+}
+
+// rebootOnce returns the reboot act's tick: once the agent's log shows the
+// (simulated) reboot, kill the agent as a real reboot stops it, "boot"
+// for two seconds, start it again on the same journal, and let the
+// stand-in kubelet report Ready again.
+func (a *agent) rebootOnce(ctx context.Context, admin *rest.Config) func() {
+	done := false
+	return func() {
+		if done {
+			return
+		}
+		b, _ := os.ReadFile(a.log)
+		if !strings.Contains(string(b), "simulated reboot (nothing rebooted)") {
+			return
+		}
+		done = true
+		a.stop(syscall.SIGKILL)
+		say("  the node reboots: the agent is killed in the middle of the event, as a real reboot stops it")
+		time.Sleep(2 * time.Second)
+		if err := a.start(); err != nil {
+			say("  restarting the agent failed: %v", err)
+			return
+		}
+		say("  the node is back (a new boot ID): the agent starts again on the same journal and resumes the event")
+		time.Sleep(time.Second)
+		if err := testenv.SetNodeReady(ctx, admin, node, true); err != nil {
+			say("  setting the node Ready failed: %v", err)
+			return
+		}
+		say("  the kubelet reports the node Ready again")
+	}
+}
+
+// journalRecord is the event's step records from `lifecycle-agent journal
+// export` (the agent stopped), one line each.
+func journalRecord(bin string, a *agent, event string) (string, error) {
+	out, err := exec.Command(bin, "journal", "export", "--journal", filepath.Join(a.dir, "journal.db")).Output()
+	if err != nil {
+		return "", fmt.Errorf("journal export: %w", err)
+	}
+	var doc journal.ExportDoc
+	if err := json.Unmarshal(out, &doc); err != nil {
+		return "", fmt.Errorf("journal export: %w", err)
+	}
+	var b strings.Builder
+	for _, h := range doc.History {
+		if h.Event.Name != event {
+			continue
+		}
+		fmt.Fprintf(&b, "event %s: %s (%s)\n", h.Event.Name, h.Outcome, h.Message)
+		for _, st := range h.Steps {
+			boot := st.BootID
+			if len(boot) > 8 {
+				boot = boot[:8]
+			}
+			fmt.Fprintf(&b, "  %s  %-10s %-6v %-8v attempt %d  boot %s  %s\n", st.At.Format("15:04:05.000"), st.Step, st.Phase, st.State, st.Attempt, boot, st.Message)
+		}
+	}
+	if b.Len() == 0 {
+		return "", fmt.Errorf("journal export: no finished event %s", event)
+	}
+	return b.String(), nil
 }
 
 func writeConfig(dir string) string {
@@ -237,11 +384,13 @@ func waitTransitions(ctx context.Context, lc *apiclient.LifecycleClients) error 
 }
 
 // follow prints the event's steps as they change, until it ends.
-func follow(ctx context.Context, lc *apiclient.LifecycleClients, name string) (*v1alpha1.LifecycleEvent, time.Duration, error) {
+// tick runs at every look (the reboot act's kill and restart).
+func follow(ctx context.Context, lc *apiclient.LifecycleClients, name string, tick func()) (*v1alpha1.LifecycleEvent, time.Duration, error) {
 	start := time.Now()
 	seen := map[string]bool{}
 	deadline := time.Now().Add(3 * time.Minute)
 	for time.Now().Before(deadline) {
+		tick()
 		ev, err := lc.Events.Get(ctx, name, metav1.GetOptions{})
 		if err == nil {
 			st := ev.Status
@@ -281,4 +430,119 @@ func follow(ctx context.Context, lc *apiclient.LifecycleClients, name string) (*
 		}
 	}
 	return nil, 0, fmt.Errorf("event %s did not finish within 3 minutes", name)
+}
+
+// sandboxNodes are the sandbox's nodes, each with its own agent.
+var sandboxNodes = []string{"sandbox-1", "sandbox-2", "sandbox-3"}
+
+// runSandbox is `make sandbox`: the control plane, three nodes with pods
+// behind a PodDisruptionBudget and an agent each (simulate mode), the
+// admin kubeconfig written out and a few commands to try; it runs until
+// Ctrl-C (or SIGTERM), then stops everything it started.
+func runSandbox(ctx context.Context) error {
+	root := testenv.RepoRoot()
+	bin := filepath.Join(root, "bin", "lifecycle-agent")
+	plugin := filepath.Join(root, "bin", "kubectl-lifecycle")
+	for _, b := range []string{bin, plugin} {
+		if _, err := os.Stat(b); err != nil {
+			return fmt.Errorf("%s not found: run make build", b)
+		}
+	}
+	say("starting etcd, kube-apiserver and kube-controller-manager (first run builds them: minutes)")
+	env, err := testenv.Start(ctx, testenv.Options{ControllerManager: true, Log: io.Discard})
+	if err != nil {
+		return err
+	}
+	defer env.Stop()
+	if err := env.InstallManifests(ctx); err != nil {
+		return err
+	}
+	admin := env.AdminConfig()
+	dir, err := os.MkdirTemp("", "lifecycle-agent-sandbox-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	for _, n := range append([]string{"sandbox-spare"}, sandboxNodes...) {
+		if err := testenv.CreateNode(ctx, admin, n, map[string]string{"sandbox": "true"}); err != nil {
+			return err
+		}
+		if _, err := testenv.RunKubeletStandIn(ctx, admin, n); err != nil {
+			return err
+		}
+	}
+	var agents []*agent
+	defer func() {
+		for _, a := range agents {
+			a.stop(syscall.SIGTERM)
+		}
+	}()
+	for _, n := range sandboxNodes {
+		w := &testenv.Workload{Namespace: n, Name: "web", Node: n, Spare: "sandbox-spare", Replicas: 3, MinAvailable: 2}
+		if err := w.Start(ctx, admin); err != nil {
+			return err
+		}
+		a, err := newAgent(env, bin, filepath.Join(dir, n), n)
+		if err != nil {
+			return err
+		}
+		if err := a.start(); err != nil {
+			return err
+		}
+		agents = append(agents, a)
+	}
+	lc, err := apiclient.NewLifecycleClients(admin)
+	if err != nil {
+		return err
+	}
+	for _, n := range sandboxNodes {
+		if err := waitTransitionsOf(ctx, lc, n); err != nil {
+			return err
+		}
+	}
+	kc := filepath.Join(dir, "admin.kubeconfig")
+	if err := testenv.WriteKubeconfig(kc, admin); err != nil {
+		return err
+	}
+	a := agents[0]
+	fmt.Printf(`
+==== sandbox ready ====
+A real kube-apiserver at %s with nodes %s (pods behind a
+PodDisruptionBudget on each; replacements land on sandbox-spare), each with
+its own lifecycle-agent in simulate mode (host actions logged, never done).
+
+  export KUBECONFIG=%s
+  export PATH=%s:$PATH
+
+Try (kubectl lifecycle X is kubectl-lifecycle X: without kubectl, run that):
+  kubectl lifecycle transitions
+  kubectl lifecycle rollout reboot sandbox-1 sandbox-2 sandbox-3 --max-concurrent 1 --wait
+  kubectl lifecycle run drain sandbox-2        # then: kubectl lifecycle cancel <event> --wait
+  kubectl lifecycle status sandbox-1
+  kubectl lifecycle uncordon sandbox-2
+  %s status --socket %s --config %s
+  tail -f %s
+
+Ctrl-C stops the agents and the control plane and removes %s.
+`, env.URL, strings.Join(sandboxNodes, ", "), kc, filepath.Dir(plugin), bin, a.socket(), filepath.Join(a.dir, "config.yaml"), a.log, dir)
+	<-ctx.Done()
+	say("stopping the agents and the control plane")
+	return nil
+}
+
+// waitTransitionsOf waits until node's agent has published its transitions.
+func waitTransitionsOf(ctx context.Context, lc *apiclient.LifecycleClients, n string) error {
+	deadline := time.Now().Add(60 * time.Second)
+	for time.Now().Before(deadline) {
+		l, err := lc.Transitions.List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + n})
+		if err == nil && len(l.Items) >= 2 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	return fmt.Errorf("the agent of %s published no transitions within 60s", n)
 }

@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/util/retry"
 )
 
 // Workload is NOT a StatefulSet controller. The test control plane runs no
@@ -53,6 +54,38 @@ func CreateNode(ctx context.Context, cfg *rest.Config, name string, labels map[s
 		Message: "kubelet stand-in", LastHeartbeatTime: now, LastTransitionTime: now}}
 	_, err = cs.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{})
 	return err
+}
+
+// SetNodeReady sets the Node's Ready condition as the kubelet would: True
+// (KubeletReady) or False (KubeletNotReady, as while the node reboots).
+func SetNodeReady(ctx context.Context, cfg *rest.Config, name string, ready bool) error {
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return err
+	}
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		n, err := cs.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		st, reason := corev1.ConditionTrue, "KubeletReady"
+		if !ready {
+			st, reason = corev1.ConditionFalse, "KubeletNotReady"
+		}
+		now := metav1.Now()
+		c := corev1.NodeCondition{Type: corev1.NodeReady, Status: st, Reason: reason, Message: "kubelet stand-in", LastHeartbeatTime: now, LastTransitionTime: now}
+		found := false
+		for i := range n.Status.Conditions {
+			if n.Status.Conditions[i].Type == corev1.NodeReady {
+				n.Status.Conditions[i], found = c, true
+			}
+		}
+		if !found {
+			n.Status.Conditions = append(n.Status.Conditions, c)
+		}
+		_, err = cs.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{})
+		return err
+	})
 }
 
 // Start creates the namespace, the StatefulSet object, the pods and the
