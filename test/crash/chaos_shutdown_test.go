@@ -232,16 +232,7 @@ func runShutdownSchedule(t *testing.T, s schedule, rng *rand.Rand) {
 			}
 			t.Logf("panic at %s: fired %v", f.failpoint, fired)
 		case faultOutage, faultHalf:
-			if f.kind == faultHalf {
-				proxy.Blackhole()
-			} else {
-				proxy.Cut()
-			}
-			if f.cancel {
-				cancel()
-			}
-			time.Sleep(f.dur)
-			proxy.Heal()
+			outage(proxy, f, cancel)
 		case faultCancel:
 			cancel()
 		}

@@ -517,16 +517,7 @@ func runSchedule(t *testing.T, s schedule, pdb bool) {
 				panicsFired.Add(1)
 			}
 		case faultOutage, faultHalf:
-			if f.kind == faultHalf {
-				proxy.Blackhole()
-			} else {
-				proxy.Cut()
-			}
-			if f.cancel {
-				del()
-			}
-			time.Sleep(f.dur)
-			proxy.Heal()
+			outage(proxy, f, del)
 		case faultCancel:
 			del()
 			// A half-open connection is found only ~6 s after it died (the
@@ -714,6 +705,21 @@ func runSchedule(t *testing.T, s schedule, pdb bool) {
 	}
 	t.Logf("%s: ended %s, %d eviction(s) accepted, %d refused, %d cut, %d reboot(s), step runs %v, %d agent run(s), goroutines %d→%d",
 		s, endName(final), len(evs.accepted), evs.refused, len(evs.other), reboots, runs, c.runs, baseline, end)
+}
+
+// outage cuts the proxy (faultOutage) or leaves its connections
+// half-open (faultHalf) for f.dur; when f.cancel, cancel runs meanwhile.
+func outage(proxy *testenv.CutProxy, f fault, cancel func()) {
+	if f.kind == faultHalf {
+		proxy.Blackhole()
+	} else {
+		proxy.Cut()
+	}
+	if f.cancel {
+		cancel()
+	}
+	time.Sleep(f.dur)
+	proxy.Heal()
 }
 
 // goroutineSlack is how many more goroutines than at the start an idle

@@ -37,6 +37,20 @@ func waitDelayLock(t *testing.T, s *logindtest.Server) logindtest.Inhibitor {
 	return held[0]
 }
 
+// announce emits PrepareForShutdown(true) and waits (10 s) until the
+// agent released its delay lock.
+func announce(t *testing.T, s *logindtest.Server, lock logindtest.Inhibitor) {
+	t.Helper()
+	if err := s.EmitPrepareForShutdown(true); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := s.WaitReleased(ctx, lock.ID); err != nil {
+		t.Fatalf("the delay lock was not released after PrepareForShutdown(true): %v", err)
+	}
+}
+
 func shutdownConds(t *testing.T, node string) (lt, gns *corev1.NodeCondition, n *corev1.Node) {
 	n = getNode(t, node)
 	return nodeCondition(n, v1alpha1.NodeConditionLifecycleTransition), nodeCondition(n, v1alpha1.NodeConditionGracefulNodeShutdownInProgress), n
@@ -108,15 +122,7 @@ func TestShutdownCancelled(t *testing.T) {
 	srv := logindtest.Start(t, logindtest.Options{InhibitDelayMax: 30 * time.Second})
 	rec := recordConditions(t, node)
 	startAgent(t, node, agentOpts{retention: time.Hour, logind: srv.Address()})
-	lock := waitDelayLock(t, srv)
-	if err := srv.EmitPrepareForShutdown(true); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := srv.WaitReleased(ctx, lock.ID); err != nil {
-		t.Fatal(err)
-	}
+	announce(t, srv, waitDelayLock(t, srv))
 	if err := srv.EmitPrepareForShutdown(false); err != nil {
 		t.Fatal(err)
 	}
@@ -242,15 +248,7 @@ func TestShutdownCancelledWhileAgentDown(t *testing.T) {
 	newNode(t, node)
 	srv := logindtest.Start(t, logindtest.Options{InhibitDelayMax: 30 * time.Second})
 	a := startAgent(t, node, agentOpts{retention: time.Hour, logind: srv.Address()})
-	lock := waitDelayLock(t, srv)
-	if err := srv.EmitPrepareForShutdown(true); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := srv.WaitReleased(ctx, lock.ID); err != nil {
-		t.Fatal(err)
-	}
+	announce(t, srv, waitDelayLock(t, srv))
 	a.stop(t)
 	if err := srv.EmitPrepareForShutdown(false); err != nil { // nobody listening
 		t.Fatal(err)

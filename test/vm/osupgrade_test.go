@@ -150,6 +150,18 @@ func (a *agentNode) runPipeline(t *testing.T, target string) (event, out string,
 	return event, o + stderr, code
 }
 
+// waitUpgradeComplete waits until the node is uncordoned (no cordoned-by
+// annotation) with LifecycleTransition=False/OSUpgradeComplete.
+func (a *agentNode) waitUpgradeComplete(t *testing.T) {
+	t.Helper()
+	vm.Eventually(t, time.Minute, "node uncordoned, LifecycleTransition=False/OSUpgradeComplete", func() (bool, string) {
+		n := a.c.NodeObject(t)
+		_, ann := n.Annotations[v1alpha1.AnnotationCordonedBy]
+		ok := !n.Spec.Unschedulable && !ann && vm.ConditionIs(n, v1alpha1.NodeConditionLifecycleTransition, "False", "OSUpgradeComplete")
+		return ok, fmt.Sprintf("unschedulable=%v annotation=%v condition=%+v", n.Spec.Unschedulable, ann, vm.NodeCondition(n, v1alpha1.NodeConditionLifecycleTransition))
+	})
+}
+
 // osUpgradeChecks are the assertions both outcomes share: the drain came
 // before the upgrade, the command ran once, the node rebooted once, and
 // the journal's record of the event agrees with status.steps.
@@ -243,12 +255,7 @@ func TestScenarioOSUpgradeProfile(t *testing.T) {
 	if agentLog := a.v.JournalBoot(vm.Unit, -1); !strings.Contains(agentLog, `what=shutdown:sleep mode=block`) {
 		t.Errorf("the agent took no block inhibitor on shutdown:sleep for the upgrade:\n%s", lastLines(agentLog, 30))
 	}
-	vm.Eventually(t, time.Minute, "node uncordoned, LifecycleTransition=False/OSUpgradeComplete", func() (bool, string) {
-		n := a.c.NodeObject(t)
-		_, ann := n.Annotations[v1alpha1.AnnotationCordonedBy]
-		ok := !n.Spec.Unschedulable && !ann && vm.ConditionIs(n, v1alpha1.NodeConditionLifecycleTransition, "False", "OSUpgradeComplete")
-		return ok, fmt.Sprintf("unschedulable=%v annotation=%v condition=%+v", n.Spec.Unschedulable, ann, vm.NodeCondition(n, v1alpha1.NodeConditionLifecycleTransition))
-	})
+	a.waitUpgradeComplete(t)
 	if a.rec.FirstSeen(vm.Cordoned).IsZero() {
 		t.Errorf("the node was never seen cordoned:\n%s", a.rec.Describe())
 	}
@@ -370,12 +377,7 @@ func TestScenarioOSUpgradeExternal(t *testing.T) {
 	if _, code := a.v.Run("test -e " + upgradeRuns); code == 0 {
 		t.Errorf("external mode ran the profile's command")
 	}
-	vm.Eventually(t, time.Minute, "node uncordoned, LifecycleTransition=False/OSUpgradeComplete", func() (bool, string) {
-		n := a.c.NodeObject(t)
-		_, ann := n.Annotations[v1alpha1.AnnotationCordonedBy]
-		ok := !n.Spec.Unschedulable && !ann && vm.ConditionIs(n, v1alpha1.NodeConditionLifecycleTransition, "False", "OSUpgradeComplete")
-		return ok, fmt.Sprintf("unschedulable=%v annotation=%v condition=%+v", n.Spec.Unschedulable, ann, vm.NodeCondition(n, v1alpha1.NodeConditionLifecycleTransition))
-	})
+	a.waitUpgradeComplete(t)
 	if got := a.v.BootID(); got != bootAfter || a.v.Boots() != 2 {
 		t.Errorf("more than the pipeline's one reboot: boot %s after it, now %s, %d boots", bootAfter, got, a.v.Boots())
 	}
@@ -422,10 +424,5 @@ func TestScenarioOSUpgradePowerCut(t *testing.T) {
 	if got := strings.TrimSpace(a.v.MustRun(". /etc/os-release && echo $VERSION_ID")); got != upgradedVersionID {
 		t.Errorf("VERSION_ID after the upgrade: %s", got)
 	}
-	vm.Eventually(t, time.Minute, "node uncordoned, LifecycleTransition=False/OSUpgradeComplete", func() (bool, string) {
-		n := a.c.NodeObject(t)
-		_, ann := n.Annotations[v1alpha1.AnnotationCordonedBy]
-		ok := !n.Spec.Unschedulable && !ann && vm.ConditionIs(n, v1alpha1.NodeConditionLifecycleTransition, "False", "OSUpgradeComplete")
-		return ok, fmt.Sprintf("unschedulable=%v annotation=%v condition=%+v", n.Spec.Unschedulable, ann, vm.NodeCondition(n, v1alpha1.NodeConditionLifecycleTransition))
-	})
+	a.waitUpgradeComplete(t)
 }
