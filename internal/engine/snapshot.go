@@ -8,14 +8,17 @@ import (
 
 // Snapshot is what `lifecycle-agent status` shows.
 type Snapshot struct {
-	Node     string                `json:"node"`
-	Identity string                `json:"identity"`
-	State    string                `json:"state"`
-	Drivers  []string              `json:"drivers"`
-	Event    *EventSnapshot        `json:"event,omitempty"`
-	API      APISnapshot           `json:"api"`
-	Outbox   int                   `json:"outboxDepth"`
-	History  []HistorySnapshotItem `json:"history,omitempty"`
+	Node     string         `json:"node"`
+	Identity string         `json:"identity"`
+	State    string         `json:"state"`
+	Drivers  []string       `json:"drivers"`
+	Event    *EventSnapshot `json:"event,omitempty"`
+	API      APISnapshot    `json:"api"`
+	Outbox   int            `json:"outboxDepth"`
+	// Unfinished counts the journal's unfinished events, the local ones
+	// (a shutdown, a queued request) included.
+	Unfinished int                   `json:"unfinished"`
+	History    []HistorySnapshotItem `json:"history,omitempty"`
 }
 
 // APISnapshot says whether the agent hears from the API server (see
@@ -82,6 +85,9 @@ func (e *Engine) Snapshot() Snapshot {
 	}
 	if p, err := e.cfg.Journal.OutboxPending(); err == nil {
 		s.Outbox = len(p)
+	}
+	if recs, err := e.cfg.Journal.Events(); err == nil {
+		s.Unfinished = len(recs)
 	}
 	if h, err := e.cfg.Journal.History(); err == nil {
 		for i := len(h) - 1; i >= 0 && len(s.History) < 10; i-- {

@@ -177,9 +177,10 @@ type agentStatus struct {
 	Event *struct {
 		Name string `json:"name"`
 	} `json:"event"`
-	State   string        `json:"state"`
-	Outbox  int           `json:"outboxDepth"`
-	History []historyItem `json:"history"`
+	State      string        `json:"state"`
+	Outbox     int           `json:"outboxDepth"`
+	Unfinished int           `json:"unfinished"`
+	History    []historyItem `json:"history"`
 }
 
 type historyItem struct {
