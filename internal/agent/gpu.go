@@ -5,7 +5,6 @@ import (
 	"errors"
 	"log/slog"
 
-	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/prometheus/client_golang/prometheus"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/clock"
@@ -29,7 +28,7 @@ type gpuStack struct {
 // testNVML, set only in a build with the tag lifecycle_testnvml (the crash
 // tests' failpoint build: testnvml.go), replaces the host's NVML with
 // go-nvml's mock when the environment asks for it.
-var testNVML func(log *slog.Logger) (nvml.Interface, bool)
+var testNVML func(log *slog.Logger) (devices.Library, bool)
 
 func newGPUStack(cfg *config.Config, api *apiclient.Client, log *slog.Logger, clk clock.Clock) *gpuStack {
 	dc := devices.Config{Logger: log, Clock: clk}

@@ -6,8 +6,7 @@ import (
 	"log/slog"
 	"os"
 
-	"github.com/NVIDIA/go-nvml/pkg/nvml"
-
+	"github.com/lifecycle-agent/lifecycle-agent/internal/devices"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/devices/devicestest"
 )
 
@@ -18,7 +17,7 @@ import (
 const EnvTestNVML = "LIFECYCLE_AGENT_TEST_NVML"
 
 func init() {
-	testNVML = func(log *slog.Logger) (nvml.Interface, bool) {
+	testNVML = func(log *slog.Logger) (devices.Library, bool) {
 		model := os.Getenv(EnvTestNVML)
 		if model == "" {
 			return nil, false

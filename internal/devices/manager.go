@@ -43,7 +43,7 @@ type Config struct {
 	// NVML is the library. nil means nvml.New() (optionally with LibraryPath),
 	// so callers outside this package never import go-nvml. Tests pass
 	// dgxh100.New() / dgxa100.New().
-	NVML nvml.Interface
+	NVML Library
 	// LibraryPath overrides libnvidia-ml.so.1 when NVML is nil.
 	LibraryPath string
 	// Logger; nil discards.
@@ -68,6 +68,11 @@ type Config struct {
 // 68 video processor exception, 109 context-switch timeout. They point at
 // the workload, not the GPU. The full per-code table is ClassifyXID's.
 func DefaultIgnoredXIDs() []uint64 { return []uint64{13, 31, 43, 45, 68, 109} }
+
+// Library is go-nvml's interface to the NVML library (the host's, or a
+// mock in tests): the name other packages use, so that only this one
+// imports go-nvml (STYLE rule 2, deps_test.go).
+type Library = nvml.Interface
 
 // Manager owns the NVML lifecycle and every NVML call of the agent.
 //
