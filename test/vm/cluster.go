@@ -223,12 +223,19 @@ func FindDeb(t testing.TB) string {
 // It returns dpkg's output.
 func InstallDeb(t testing.TB, v *VM, deb string) string {
 	t.Helper()
+	return dpkgInstall(t, v, deb, "--force-confdef --force-confold ", " 2>&1", "dpkg -i")
+}
+
+// dpkgInstall copies deb into the guest and runs dpkg -i with opts before
+// and redirect after the path; timing names the Timings entry.
+func dpkgInstall(t testing.TB, v *VM, deb, opts, redirect, timing string) string {
+	t.Helper()
 	dst := "/root/pkgs/" + filepath.Base(deb)
 	v.MustRun("mkdir -p /root/pkgs")
 	v.CopyIn(deb, dst)
 	start := time.Now()
-	out := v.MustRun("DEBIAN_FRONTEND=noninteractive dpkg -i --force-confdef --force-confold " + shellQuote(dst) + " 2>&1")
-	Timings.Record("dpkg -i", time.Since(start))
+	out := v.MustRun("DEBIAN_FRONTEND=noninteractive dpkg -i " + opts + shellQuote(dst) + redirect)
+	Timings.Record(timing, time.Since(start))
 	return out
 }
 
@@ -238,13 +245,7 @@ func InstallDeb(t testing.TB, v *VM, deb string) string {
 // returns dpkg's output.
 func UpgradeDeb(t testing.TB, v *VM, deb string) string {
 	t.Helper()
-	dst := "/root/pkgs/" + filepath.Base(deb)
-	v.MustRun("mkdir -p /root/pkgs")
-	v.CopyIn(deb, dst)
-	start := time.Now()
-	out := v.MustRun("DEBIAN_FRONTEND=noninteractive dpkg -i " + shellQuote(dst) + " </dev/null 2>&1")
-	Timings.Record("dpkg -i (upgrade)", time.Since(start))
-	return out
+	return dpkgInstall(t, v, deb, "", " </dev/null 2>&1", "dpkg -i (upgrade)")
 }
 
 // WaitAgentActive waits until systemd reports the agent's unit active (it is

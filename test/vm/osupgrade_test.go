@@ -162,6 +162,23 @@ func (a *agentNode) waitUpgradeComplete(t *testing.T) {
 	})
 }
 
+// pipelineEnds runs the pipeline for target (runPipeline) and checks that
+// it exited code with the event ended in state; it returns the event and
+// the boot ID after the upgrade's reboot.
+func (a *agentNode) pipelineEnds(t *testing.T, target string, code int, state v1alpha1.LifecycleEventClaimStatus) (*v1alpha1.LifecycleEvent, string) {
+	t.Helper()
+	event, out, got := a.runPipeline(t, target)
+	bootAfter := a.v.BootID()
+	if got != code || !strings.Contains(out, string(state)) {
+		t.Errorf("the pipeline exited %d, want %d with the event %s:\n%s", got, code, state, out)
+	}
+	ev := a.c.WaitEvent(t, event, transitionTimeout, "an end state", finished)
+	if ev.Status.ClaimStatus != state {
+		t.Fatalf("event %s ended %s, want %s", event, vm.DescribeEvent(ev), state)
+	}
+	return ev, bootAfter
+}
+
 // osUpgradeChecks are the assertions both outcomes share: the drain came
 // before the upgrade, the command ran once, the node rebooted once, and
 // the journal's record of the event agrees with status.steps.
@@ -225,15 +242,7 @@ func TestScenarioOSUpgradeProfile(t *testing.T) {
 	defer vm.Scenario(t)()
 	a := upgradeNode(t, vm.Options{})
 	a.workload(t, "workload", map[string]string{"app": "workload"})
-	event, out, code := a.runPipeline(t, upgradedVersionID)
-	bootAfter := a.v.BootID()
-	if code != 0 || !strings.Contains(out, "Succeeded") {
-		t.Errorf("the pipeline exited %d, want 0 with the event Succeeded:\n%s", code, out)
-	}
-	ev := a.c.WaitEvent(t, event, transitionTimeout, "an end state", finished)
-	if ev.Status.ClaimStatus != v1alpha1.LifecycleEventSucceeded {
-		t.Fatalf("event %s ended %s", event, vm.DescribeEvent(ev))
-	}
+	ev, bootAfter := a.pipelineEnds(t, upgradedVersionID, 0, v1alpha1.LifecycleEventSucceeded)
 	if d := ev.Status.Driver; d.Name != "lifecycle-agent.x-k8s.io/os-upgrade" || d.Start != "OSUpgradeStarted" || d.End != "OSUpgradeComplete" {
 		t.Errorf("status.driver = %+v", d)
 	}
@@ -249,8 +258,8 @@ func TestScenarioOSUpgradeProfile(t *testing.T) {
 		t.Errorf("the workload was not evicted: %s", why)
 	}
 	// Under the block inhibitor, as its own transient unit.
-	if unitLog := a.v.MustRun("journalctl -b -1 --no-pager -o cat -u lifecycle-os-upgrade-" + event + ".service"); !strings.Contains(unitLog, "vmtest-os-upgrade") {
-		t.Errorf("no transient unit lifecycle-os-upgrade-%s.service ran the profile's command in the boot before:\n%s", event, lastLines(unitLog, 20))
+	if unitLog := a.v.MustRun("journalctl -b -1 --no-pager -o cat -u lifecycle-os-upgrade-" + ev.Name + ".service"); !strings.Contains(unitLog, "vmtest-os-upgrade") {
+		t.Errorf("no transient unit lifecycle-os-upgrade-%s.service ran the profile's command in the boot before:\n%s", ev.Name, lastLines(unitLog, 20))
 	}
 	if agentLog := a.v.JournalBoot(vm.Unit, -1); !strings.Contains(agentLog, `what=shutdown:sleep mode=block`) {
 		t.Errorf("the agent took no block inhibitor on shutdown:sleep for the upgrade:\n%s", lastLines(agentLog, 30))
@@ -278,15 +287,7 @@ func (a *agentNode) upgradeTargetMissed(t *testing.T) {
 	a.v.MustRun("rm -f /var/lib/vmtest-pipeline.event")
 	vm.WaitAgentActive(t, a.v, agentStartTimeout)
 	const want = "13.99"
-	event, out, code := a.runPipeline(t, want)
-	bootAfter := a.v.BootID()
-	if code != 1 || !strings.Contains(out, "Failed") {
-		t.Errorf("the pipeline exited %d, want 1 (failed) with the event Failed:\n%s", code, out)
-	}
-	ev := a.c.WaitEvent(t, event, transitionTimeout, "an end state", finished)
-	if ev.Status.ClaimStatus != v1alpha1.LifecycleEventFailed {
-		t.Fatalf("event %s ended %s, want Failed", event, vm.DescribeEvent(ev))
-	}
+	ev, bootAfter := a.pipelineEnds(t, want, 1, v1alpha1.LifecycleEventFailed)
 	if !strings.Contains(ev.Status.Message, want) || !strings.Contains(ev.Status.Message, upgradedVersionID) {
 		t.Errorf("the message %q does not name the expected (%s) and the found (%s) VERSION_ID", ev.Status.Message, want, upgradedVersionID)
 	}
