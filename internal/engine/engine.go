@@ -83,6 +83,9 @@ type Engine struct {
 	current *active
 	last    *v1alpha1.LifecycleEvent // the running event as our last write of it returned (remember)
 	state   string
+	// preShutdown is the state a same-boot shutdown replaced ("shutting
+	// down"): a cancel puts it back.
+	preShutdown string
 }
 
 // New checks cfg and returns an Engine.
@@ -155,6 +158,22 @@ func (e *Engine) setState(s string, attrs ...any) {
 	e.log.Info("state", append([]any{"from", from, "to", s}, attrs...)...)
 	if e.cfg.Notify != nil {
 		e.cfg.Notify(s)
+	}
+}
+
+// swapState is setState(to) only while the state is still from: a change
+// announced in between (an event's step) is kept.
+func (e *Engine) swapState(from, to string) {
+	e.mu.Lock()
+	if e.state != from {
+		e.mu.Unlock()
+		return
+	}
+	e.state = to
+	e.mu.Unlock()
+	e.log.Info("state", "from", from, "to", to)
+	if e.cfg.Notify != nil {
+		e.cfg.Notify(to)
 	}
 }
 

@@ -21,6 +21,8 @@ const (
 	shutdownStart  = "ShuttingDown"
 	shutdownEnd    = "ShutdownComplete"
 	shutdownOwner  = "shutdown"
+
+	stateShuttingDown = "shutting down"
 )
 
 func (e *Engine) shutdownUID(bootID string) string { return "local-shutdown-" + bootID }
@@ -75,7 +77,12 @@ func (e *Engine) PrepareShutdown(ctx context.Context) error {
 	if _, err := e.cfg.Journal.AddOwned(journal.Change{Kind: journal.ChangeCordon, Node: e.cfg.Node, Name: shutdownOwner, EventUID: uid, Value: shutdownOwner}); err != nil {
 		return fmt.Errorf("engine: journal shutdown cordon: %w", err)
 	}
-	e.setState("shutting down", "event", name)
+	e.mu.Lock()
+	if e.state != stateShuttingDown {
+		e.preShutdown = e.state
+	}
+	e.mu.Unlock()
+	e.setState(stateShuttingDown, "event", name)
 	msg := transitionMsg("shutdown", name) + ": the node is shutting down"
 	conds := e.shutdownConditions(shutdownStart, corev1.ConditionTrue, corev1.ConditionTrue, msg, attrs["during"] != "")
 	raw, _ := json.Marshal(nodePayload{Conditions: conds})
@@ -105,7 +112,19 @@ func (e *Engine) CancelShutdown(ctx context.Context) error {
 	if err != nil || !ok {
 		return err
 	}
-	return e.closeShutdown(ctx, rec, "ShutdownCancelled", journal.OutcomeCancelled, "the shutdown was cancelled")
+	if err := e.closeShutdown(ctx, rec, "ShutdownCancelled", journal.OutcomeCancelled, "the shutdown was cancelled"); err != nil {
+		return err
+	}
+	// The node is back in service: the state says so, unless an event's
+	// step has announced its own since.
+	e.mu.Lock()
+	back := e.preShutdown
+	e.mu.Unlock()
+	if back == "" {
+		back = "idle"
+	}
+	e.swapState(stateShuttingDown, back)
+	return nil
 }
 
 // closeOutShutdowns runs at start: a shutdown journaled in an earlier boot

@@ -299,18 +299,30 @@ func runShutdownSchedule(t *testing.T, s schedule, rng *rand.Rand) {
 		wantReason, wantGNS, wantOutcome = "ShutdownComplete", "NodeStarted", journal.OutcomeSucceeded
 	}
 	var n *corev1.Node
+	var seen string // what the wait last saw, for its failure message
 	waitFor(t, "the node back in service, the shutdown closed out", 60*time.Second, a, func() bool {
 		var err error
 		if n, err = cs.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{}); err != nil {
+			seen = "node: " + err.Error()
 			return false
 		}
 		lt := nodeCondition(n, v1alpha1.NodeConditionLifecycleTransition)
 		// Idle (the start's close-out done) with nothing unfinished in the
 		// journal (a revert after a cancel runs beside the engine).
 		st, err := statusFromSocket(ctx, c.socket())
-		return err == nil && st.Event == nil && st.Outbox == 0 && st.Unfinished == 0 && st.State == "idle" && !n.Spec.Unschedulable &&
+		if err != nil {
+			seen = "status: " + err.Error()
+			return false
+		}
+		ltS := "absent"
+		if lt != nil {
+			ltS = string(lt.Status) + "/" + lt.Reason
+		}
+		seen = fmt.Sprintf("state %q, event %v, outbox %d, unfinished %d, unschedulable %v, LifecycleTransition %s, delay locks %d",
+			st.State, st.Event != nil, st.Outbox, st.Unfinished, n.Spec.Unschedulable, ltS, heldDelay(logind))
+		return st.Event == nil && st.Outbox == 0 && st.Unfinished == 0 && st.State == "idle" && !n.Spec.Unschedulable &&
 			(lt == nil || lt.Status == corev1.ConditionFalse) && heldDelay(logind) == 1
-	})
+	}, func() string { return seen })
 	lt := nodeCondition(n, v1alpha1.NodeConditionLifecycleTransition)
 	gns := nodeCondition(n, v1alpha1.NodeConditionGracefulNodeShutdownInProgress)
 	if h := heldDelay(logind); h != 1 {

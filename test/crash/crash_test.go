@@ -532,7 +532,9 @@ func checkJournal(t *testing.T, doc *journal.ExportDoc, ev *v1alpha1.LifecycleEv
 }
 
 // waitFor polls f until it is true; it fails at once if the agent exits.
-func waitFor(t *testing.T, what string, timeout time.Duration, a *agentProc, f func() bool) {
+// waitFor polls f until it holds; seen, when given, says what the wait last
+// saw, for the failure message.
+func waitFor(t *testing.T, what string, timeout time.Duration, a *agentProc, f func() bool, seen ...func() string) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for {
@@ -543,6 +545,9 @@ func waitFor(t *testing.T, what string, timeout time.Duration, a *agentProc, f f
 			t.Fatalf("waiting for %s: the agent exited (%s)", what, a.exit())
 		}
 		if time.Now().After(deadline) {
+			if len(seen) > 0 {
+				t.Fatalf("waiting for %s: %v after %s; last seen: %s", what, errTimeout, timeout, seen[0]())
+			}
 			t.Fatalf("waiting for %s: %v after %s", what, errTimeout, timeout)
 		}
 		select {

@@ -11,6 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/lifecycle-agent/lifecycle-agent/api/v1alpha1"
+	"github.com/lifecycle-agent/lifecycle-agent/internal/agent"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/config"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/host/logindtest"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/hostops"
@@ -49,6 +50,18 @@ func announce(t *testing.T, s *logindtest.Server, lock logindtest.Inhibitor) {
 	if err := s.WaitReleased(ctx, lock.ID); err != nil {
 		t.Fatalf("the delay lock was not released after PrepareForShutdown(true): %v", err)
 	}
+}
+
+// agentState is the state the agent's control socket reports (status).
+func agentState(t *testing.T, a *testAgent) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	s, err := agent.StatusFromSocket(ctx, a.cfg.SocketPath)
+	if err != nil {
+		t.Fatalf("status over %s: %v", a.cfg.SocketPath, err)
+	}
+	return s.State
 }
 
 func shutdownConds(t *testing.T, node string) (lt, gns *corev1.NodeCondition, n *corev1.Node) {
@@ -121,8 +134,12 @@ func TestShutdownCancelled(t *testing.T) {
 	newNode(t, node)
 	srv := logindtest.Start(t, logindtest.Options{InhibitDelayMax: 30 * time.Second})
 	rec := recordConditions(t, node)
-	startAgent(t, node, agentOpts{retention: time.Hour, logind: srv.Address()})
+	a := startAgent(t, node, agentOpts{retention: time.Hour, logind: srv.Address(), servers: true})
+	waitFor(t, "the agent idle", 30*time.Second, func() bool { return agentState(t, a) == "idle" })
 	announce(t, srv, waitDelayLock(t, srv))
+	if st := agentState(t, a); st != "shutting down" {
+		t.Errorf("status state after PrepareForShutdown(true): %q; want \"shutting down\"", st)
+	}
 	if err := srv.EmitPrepareForShutdown(false); err != nil {
 		t.Fatal(err)
 	}
@@ -131,6 +148,10 @@ func TestShutdownCancelled(t *testing.T) {
 		lt, gns, n := shutdownConds(t, node)
 		return !n.Spec.Unschedulable && lt != nil && lt.Reason == "ShutdownCancelled" && gns != nil && gns.Status == corev1.ConditionFalse && gns.Reason == "ShutdownCancelled"
 	})
+	// The node is back in service and status says so: not "shutting down"
+	// for good (a cancelled shutdown left that state behind, found by the
+	// fault schedules).
+	waitFor(t, "status back to idle", 10*time.Second, func() bool { return agentState(t, a) == "idle" })
 	rec.Expect(t, 0, []string{
 		cLT + "=True/ShuttingDown", cGNS + "=True/NodeShutdown",
 		cGNS + "=False/ShutdownCancelled", cLT + "=False/ShutdownCancelled",
