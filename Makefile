@@ -69,7 +69,7 @@ demo: build kubebin ## the main job on an embedded local control plane, host act
 sandbox: build kubebin ## keep playing: the control plane and three nodes with their agents (simulate mode) until Ctrl-C
 	$(GO) run -tags $(TAGS) ./hack/demo -sandbox
 
-deb: ## $(DIST)/lifecycle-agent_<version>_amd64.deb; DEB_VERSION=x.y.z, DIST=dir
+deb: ## $(DIST)/lifecycle-agent_<version>_amd64.deb and $(DIST)/kubectl-lifecycle_<version>_amd64.deb; DEB_VERSION=x.y.z, DIST=dir
 	DIST="$(DIST)" GO="$(GO)" hack/build-deb.sh $(DEB_VERSION)
 
 .PHONY: test-packaging

@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Build the Debian package: $DIST/lifecycle-agent_<version>_amd64.deb.
+# Build the Debian packages: $DIST/lifecycle-agent_<version>_amd64.deb (the
+# node agent) and $DIST/kubectl-lifecycle_<version>_amd64.deb (the kubectl
+# plugin, its own package so that a workstation gets no daemon).
 #
 #   hack/build-deb.sh [VERSION]        (make deb [DEB_VERSION=x.y.z] [DIST=dir])
 #
@@ -16,12 +18,14 @@
 #
 # What it does: builds the binaries with cgo, -trimpath, the tag
 # kustomize_disable_go_plugin_support and -buildmode=pie (PIE and RELRO, as
-# Debian's hardening wants; Go adds -z relro, never -z now), stripped, and
-# checks they are not BIND_NOW (never `-z now`: go-nvml leaves its symbols
-# unresolved until it dlopens libnvidia-ml, see docs/design-notes.md);
-# stages the man pages (`lifecycle-agent gen-man`), the bash completion and
-# the changelog; computes the libc6 dependency with dpkg-shlibdeps; runs
-# nfpm v2.45.2 from hack/tools on packaging/deb/nfpm.yaml.
+# Debian's hardening wants), stripped. The agent is never BIND_NOW (`-z
+# now`: go-nvml leaves its symbols unresolved until it dlopens
+# libnvidia-ml, see docs/design-notes.md) and the script checks it; the
+# plugin, without go-nvml, is. Stages the man pages (`lifecycle-agent
+# gen-man`; the plugin's from its --help), the completions and the
+# changelog; computes each binary's libc6 dependency with dpkg-shlibdeps;
+# runs nfpm v2.45.2 from hack/tools on packaging/deb/nfpm.yaml and
+# packaging/deb/nfpm-kubectl.yaml.
 #
 # Needs: go, gcc, gzip, readelf (binutils), dpkg-shlibdeps (dpkg-dev).
 set -euo pipefail
@@ -72,103 +76,66 @@ build() { # build PKG OUT
 	"$GO" build -tags "$tags" -trimpath -buildmode=pie -ldflags "$ldflags" -o "$2" "$1"
 }
 build ./cmd/lifecycle-agent "$stage/bin/lifecycle-agent"
-bins=("$stage/bin/lifecycle-agent")
-# The kubectl plugin ships when its sources exist (the same rule as
-# `make build`). It is built here, like the agent, rather than copied from
-# bin/, so that the package never carries a stale or differently built copy.
-if compgen -G 'cmd/kubectl-lifecycle/*.go' >/dev/null; then
-	build ./cmd/kubectl-lifecycle "$stage/bin/kubectl-lifecycle"
-	bins+=("$stage/bin/kubectl-lifecycle")
-fi
-for b in "${bins[@]}"; do
-	if readelf -d "$b" | grep -Eq 'BIND_NOW|FLAGS.*[[:space:]]NOW'; then
-		echo "build-deb: $b is linked with BIND_NOW (-z now): it would die at start on go-nvml's unresolved symbols; check CGO_LDFLAGS" >&2
-		exit 1
-	fi
-done
-
-# Depends: libc6 (>= X) as dpkg-shlibdeps computes it from the binaries
-# (it wants a debian/control to run; its warning that the binaries are not
-# in a debhelper package directory does not matter here).
-printf 'Source: lifecycle-agent\n\nPackage: lifecycle-agent\nArchitecture: any\n' >"$work/debian/control"
-shlibs=$(cd "$work" && {
-	dpkg-shlibdeps -O "${bins[@]/#/-e}" 2>&1 1>&3 3>&- |
-		{ grep -v 'should already be installed' || true; } >&2
-} 3>&1)
-libc_dep=$(sed -n 's/^shlibs:Depends=//p' <<<"$shlibs")
-if [ -z "$libc_dep" ]; then
-	echo "build-deb: dpkg-shlibdeps found no dependencies: $shlibs" >&2
+if readelf -d "$stage/bin/lifecycle-agent" | grep -Eq 'BIND_NOW|FLAGS.*[[:space:]]NOW'; then
+	echo "build-deb: lifecycle-agent is linked with BIND_NOW (-z now): it would die at start on go-nvml's unresolved symbols; check CGO_LDFLAGS" >&2
 	exit 1
 fi
+# The kubectl plugin, for its own package. It has no go-nvml, so it gets
+# the full hardening Debian asks for: PIE and BIND_NOW (external link).
+mkdir -p "$stage/plugin"
+plugin=$stage/plugin/kubectl-lifecycle
+"$GO" build -tags "$tags" -trimpath -buildmode=pie -ldflags "$ldflags -linkmode=external -extldflags=-Wl,-z,now" \
+	-o "$plugin" ./cmd/kubectl-lifecycle
 
-# The nfpm config: packaging/deb/nfpm.yaml, plus the kubectl plugin.
-config=$work/nfpm.yaml
-cp packaging/deb/nfpm.yaml "$config"
+# Depends: libc6 (>= X) as dpkg-shlibdeps computes it from each package's
+# binary (it wants a debian/control to run; its warning that the binaries
+# are not in a debhelper package directory does not matter here).
+printf 'Source: lifecycle-agent\n\nPackage: lifecycle-agent\nArchitecture: any\n' >"$work/debian/control"
+libc_dep_of() { # BINARY
+	local shlibs dep
+	shlibs=$(cd "$work" && {
+		dpkg-shlibdeps -O "-e$1" 2>&1 1>&3 3>&- |
+			{ grep -v 'should already be installed' || true; } >&2
+	} 3>&1)
+	dep=$(sed -n 's/^shlibs:Depends=//p' <<<"$shlibs")
+	if [ -z "$dep" ]; then
+		echo "build-deb: dpkg-shlibdeps found no dependencies of $1: $shlibs" >&2
+		exit 1
+	fi
+	echo "$dep"
+}
+libc_dep=$(libc_dep_of "$stage/bin/lifecycle-agent")
+libc_dep_plugin=$(libc_dep_of "$plugin")
 
-# Man pages (section 8, the agent is a system daemon) and bash completion,
-# from the cobra command tree of the binary just built.
+# Man pages: the agent's in section 8 (a system daemon), from the cobra
+# command tree of the binary just built.
 agent=$stage/bin/lifecycle-agent
 "$agent" gen-man "$stage/man8"
-if [ -x "$stage/bin/kubectl-lifecycle" ]; then
-	cat >>"$config" <<'END'
-
-  # Appended by hack/build-deb.sh: the kubectl plugin, and the helper
-  # kubectl runs to complete `kubectl lifecycle <TAB>`.
-  - src: ${STAGE}/bin/kubectl-lifecycle
-    dst: /usr/bin/kubectl-lifecycle
-    expand: true
-    file_info: {mode: 0755, owner: root, group: root}
-  - src: packaging/completion/kubectl_complete-lifecycle
-    dst: /usr/bin/kubectl_complete-lifecycle
-    file_info: {mode: 0755, owner: root, group: root}
-END
-	# Every program in /usr/bin needs a man page (Debian policy 12.1,
-	# lintian no-manual-page); the plugin, a user command, most likely
-	# writes section 1. Each page goes to the directory of its section.
-	plugin_man=$work/plugin-man
-	if ! "$stage/bin/kubectl-lifecycle" gen-man "$plugin_man" >/dev/null 2>&1 ||
-		! compgen -G "$plugin_man/*.[1-9]" >/dev/null; then
-		# No cobra-generated pages (the plugin has no hidden `gen-man DIR`
-		# like the agent's): one page, kubectl-lifecycle(1), made of its
-		# --help, as help2man would.
-		echo "build-deb: kubectl-lifecycle has no 'gen-man DIR' command; its man page is its --help" >&2
-		rm -rf "$plugin_man"
-		mkdir -p "$plugin_man"
-		help=$("$stage/bin/kubectl-lifecycle" --help)
-		{
-			printf '.TH "KUBECTL-LIFECYCLE" "1" "%s" "lifecycle-agent %s" "lifecycle-agent manual"\n' \
-				"$(date -u -d "@$SOURCE_DATE_EPOCH" +%Y-%m-%d)" "$version"
-			printf '.SH NAME\nkubectl-lifecycle \\- kubectl plugin that runs node lifecycle transitions through lifecycle-agent\n'
-			printf '.SH DESCRIPTION\n.nf\n'
-			# roff: a backslash is \e; a line may not start with . or '.
-			sed -e 's/\\/\\e/g' -e "s/^\\([.']\\)/\\\\\\&\\1/" <<<"$help"
-			printf '.fi\n.SH SEE ALSO\n\\fBlifecycle-agent\\fP(8)\n'
-		} >"$plugin_man/kubectl-lifecycle.1"
-	fi
-	# kubectl_complete-lifecycle, the completion helper kubectl runs.
-	{
-		printf '.TH "KUBECTL_COMPLETE-LIFECYCLE" "1" "%s" "lifecycle-agent %s" "lifecycle-agent manual"\n' \
-			"$(date -u -d "@$SOURCE_DATE_EPOCH" +%Y-%m-%d)" "$version"
-		printf '.SH NAME\nkubectl_complete-lifecycle \\- shell completion of kubectl lifecycle, for kubectl\n'
-		printf '.SH DESCRIPTION\nkubectl (1.26 and later) runs this program from PATH to complete\n'
-		printf '\\fBkubectl lifecycle\\fP command lines; it runs \\fBkubectl-lifecycle __complete\\fP with the words given.\n'
-		printf 'It is not meant to be run by hand.\n.SH SEE ALSO\n\\fBkubectl-lifecycle\\fP(1)\n'
-	} >"$plugin_man/kubectl_complete-lifecycle.1"
-	for page in "$plugin_man"/*.[1-9]; do
-		section=${page##*.}
-		if [ ! -d "$stage/man$section" ]; then
-			mkdir -p "$stage/man$section"
-			cat >>"$config" <<END
-  - src: \${STAGE}/man$section/*
-    dst: /usr/share/man/man$section/
-    expand: true
-    file_info: {mode: 0644, owner: root, group: root}
-END
-		fi
-		mv "$page" "$stage/man$section/"
-	done
-fi
-gzip -9n "$stage"/man[1-9]/*
+# The plugin's in section 1 (a user command). Every program in /usr/bin
+# needs one (Debian policy 12.1, lintian no-manual-page). The plugin has no
+# cobra-generated pages (no hidden `gen-man DIR` like the agent's): one
+# page, kubectl-lifecycle(1), made of its --help, as help2man would.
+mkdir -p "$stage/man1"
+help=$("$plugin" --help)
+{
+	printf '.TH "KUBECTL-LIFECYCLE" "1" "%s" "lifecycle-agent %s" "lifecycle-agent manual"\n' \
+		"$(date -u -d "@$SOURCE_DATE_EPOCH" +%Y-%m-%d)" "$version"
+	printf '.SH NAME\nkubectl-lifecycle \\- kubectl plugin that runs node lifecycle transitions through lifecycle-agent\n'
+	printf '.SH DESCRIPTION\n.nf\n'
+	# roff: a backslash is \e; a line may not start with . or '.
+	sed -e 's/\\/\\e/g' -e "s/^\\([.']\\)/\\\\\\&\\1/" <<<"$help"
+	printf '.fi\n.SH SEE ALSO\n\\fBlifecycle-agent\\fP(8)\n'
+} >"$stage/man1/kubectl-lifecycle.1"
+# kubectl_complete-lifecycle, the completion helper kubectl runs.
+{
+	printf '.TH "KUBECTL_COMPLETE-LIFECYCLE" "1" "%s" "lifecycle-agent %s" "lifecycle-agent manual"\n' \
+		"$(date -u -d "@$SOURCE_DATE_EPOCH" +%Y-%m-%d)" "$version"
+	printf '.SH NAME\nkubectl_complete-lifecycle \\- shell completion of kubectl lifecycle, for kubectl\n'
+	printf '.SH DESCRIPTION\nkubectl (1.26 and later) runs this program from PATH to complete\n'
+	printf '\\fBkubectl lifecycle\\fP command lines; it runs \\fBkubectl-lifecycle __complete\\fP with the words given.\n'
+	printf 'It is not meant to be run by hand.\n.SH SEE ALSO\n\\fBkubectl-lifecycle\\fP(1)\n'
+} >"$stage/man1/kubectl_complete-lifecycle.1"
+gzip -9n "$stage"/man[18]/*
 "$agent" completion bash >"$stage/completion/lifecycle-agent"
 "$agent" completion zsh >"$stage/completion/_lifecycle-agent"
 "$agent" completion fish >"$stage/completion/lifecycle-agent.fish"
@@ -187,15 +154,19 @@ EOF
 gzip -9n "$stage/doc/changelog"
 
 mkdir -p "$dist"
-deb=$dist/lifecycle-agent_${version}_amd64.deb
-rm -f "$deb"
 # nfpm v2.45.2, pinned in hack/tools. `go tool -n` builds it (cached) and
 # prints its path, so that nfpm runs here, at the repository root, where the
-# relative paths in nfpm.yaml start; `go -C hack/tools tool nfpm` would run
-# it in hack/tools.
+# relative paths in the recipes start; `go -C hack/tools tool nfpm` would
+# run it in hack/tools.
 nfpm=$("$GO" -C hack/tools tool -n nfpm)
-# nfpm.yaml reads these through ${...}.
-export DEB_VERSION=$version DEB_LIBC_DEP=$libc_dep DEB_MAINTAINER=$maintainer STAGE=$stage
+# The recipes read these through ${...}.
+export DEB_VERSION=$version DEB_LIBC_DEP=$libc_dep DEB_LIBC_DEP_PLUGIN=$libc_dep_plugin DEB_MAINTAINER=$maintainer STAGE=$stage
 umask 022
-"$nfpm" package --config "$config" --packager deb --target "$deb" >&2
-echo "$deb"
+# Two packages, agent first: lifecycle-agent (the node daemon) and
+# kubectl-lifecycle (the plugin, for workstations too). One path a line.
+for pkg in lifecycle-agent:packaging/deb/nfpm.yaml kubectl-lifecycle:packaging/deb/nfpm-kubectl.yaml; do
+	deb=$dist/${pkg%%:*}_${version}_amd64.deb
+	rm -f "$deb"
+	"$nfpm" package --config "${pkg#*:}" --packager deb --target "$deb" >&2
+	echo "$deb"
+done

@@ -15,29 +15,37 @@ import (
 	"time"
 )
 
-// TestControlFields checks the package's control fields as dpkg and apt
+// TestControlFields checks both packages' control fields as dpkg and apt
 // show them.
 func TestControlFields(t *testing.T) {
-	deb := needDeb(t)
+	agentDeb, pluginDeb := needDeb(t), needPluginDeb(t)
 	tests := []struct {
-		field string
-		want  *regexp.Regexp
+		deb, field string
+		want       *regexp.Regexp
 	}{
-		{"Package", regexp.MustCompile(`^lifecycle-agent$`)},
-		{"Version", regexp.MustCompile(`^` + regexp.QuoteMeta(testVersion) + `$`)},
-		{"Architecture", regexp.MustCompile(`^amd64$`)},
-		{"Section", regexp.MustCompile(`^admin$`)},
-		{"Priority", regexp.MustCompile(`^optional$`)},
-		{"Maintainer", regexp.MustCompile(`^.+ <[^@ ]+@[^@ ]+>$`)},
+		{agentDeb, "Package", regexp.MustCompile(`^lifecycle-agent$`)},
+		{agentDeb, "Version", regexp.MustCompile(`^` + regexp.QuoteMeta(testVersion) + `$`)},
+		{agentDeb, "Architecture", regexp.MustCompile(`^amd64$`)},
+		{agentDeb, "Section", regexp.MustCompile(`^admin$`)},
+		{agentDeb, "Priority", regexp.MustCompile(`^optional$`)},
+		{agentDeb, "Maintainer", regexp.MustCompile(`^.+ <[^@ ]+@[^@ ]+>$`)},
 		// libc6 as dpkg-shlibdeps computes it, systemd new enough for
 		// ProtectClock= without a device policy, a system bus for logind.
-		{"Depends", regexp.MustCompile(`^libc6 \(>= 2\.[0-9]+\), systemd \(>= 252\), default-dbus-system-bus \| dbus-system-bus$`)},
-		{"Homepage", regexp.MustCompile(`^https://`)},
-		{"Description", regexp.MustCompile(`^node lifecycle agent for Kubernetes .*\n .+`)},
+		{agentDeb, "Depends", regexp.MustCompile(`^libc6 \(>= 2\.[0-9]+\), systemd \(>= 252\), default-dbus-system-bus \| dbus-system-bus$`)},
+		{agentDeb, "Suggests", regexp.MustCompile(`^kubectl-lifecycle$`)},
+		{agentDeb, "Homepage", regexp.MustCompile(`^https://`)},
+		{agentDeb, "Description", regexp.MustCompile(`^node lifecycle agent for Kubernetes .*\n .+`)},
+		// The plugin: a user's tool, installable where no agent may run.
+		{pluginDeb, "Package", regexp.MustCompile(`^kubectl-lifecycle$`)},
+		{pluginDeb, "Version", regexp.MustCompile(`^` + regexp.QuoteMeta(testVersion) + `$`)},
+		{pluginDeb, "Architecture", regexp.MustCompile(`^amd64$`)},
+		{pluginDeb, "Depends", regexp.MustCompile(`^libc6 \(>= 2\.[0-9]+\)$`)},
+		{pluginDeb, "Recommends", regexp.MustCompile(`^kubectl$`)},
+		{pluginDeb, "Description", regexp.MustCompile(`^kubectl plugin .*\n .+`)},
 	}
 	for _, tc := range tests {
-		t.Run(tc.field, func(t *testing.T) {
-			got := strings.TrimRight(mustRun(t, "", "dpkg-deb", "--field", deb, tc.field), "\n")
+		t.Run(filepath.Base(tc.deb)+"/"+tc.field, func(t *testing.T) {
+			got := strings.TrimRight(mustRun(t, "", "dpkg-deb", "--field", tc.deb, tc.field), "\n")
 			if !tc.want.MatchString(got) {
 				t.Errorf("%s: %q does not match %s", tc.field, got, tc.want)
 			}
@@ -67,25 +75,16 @@ func contents(t *testing.T, deb string) map[string]debEntry {
 	return entries
 }
 
-// pluginBuilt reports whether the kubectl plugin has sources, in which case
-// build-deb.sh builds and ships it.
-func pluginBuilt(t *testing.T) bool {
-	m, err := filepath.Glob(filepath.Join(repoRoot, "cmd/kubectl-lifecycle/*.go"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return len(m) > 0
-}
-
 // TestContents checks every file an administrator relies on, with its mode
-// and owner.
+// and owner, in both packages: the agent's holds no plugin, the plugin's
+// nothing that runs or configures a daemon.
 func TestContents(t *testing.T) {
-	deb := needDeb(t)
-	got := contents(t, deb)
+	agent := contents(t, needDeb(t))
+	plugin := contents(t, needPluginDeb(t))
 
-	want := map[string]string{ // path: mode
+	wantAgent := map[string]string{ // path: mode
 		"/usr/bin/lifecycle-agent":                                  "-rwxr-xr-x",
-		"/lib/systemd/system/lifecycle-agent.service":               "-rw-r--r--",
+		"/usr/lib/systemd/system/lifecycle-agent.service":           "-rw-r--r--",
 		"/etc/lifecycle-agent/":                                     "drwxr-xr-x",
 		"/etc/lifecycle-agent/config.yaml":                          "-rw-------",
 		"/etc/systemd/logind.conf.d/":                               "drwxr-xr-x",
@@ -99,43 +98,69 @@ func TestContents(t *testing.T) {
 		"/usr/share/doc/lifecycle-agent/changelog.gz":               "-rw-r--r--",
 		"/usr/share/lintian/overrides/lifecycle-agent":              "-rw-r--r--",
 	}
-	if pluginBuilt(t) {
-		want["/usr/bin/kubectl-lifecycle"] = "-rwxr-xr-x"
-		want["/usr/bin/kubectl_complete-lifecycle"] = "-rwxr-xr-x"
-	} else if _, ok := got["/usr/bin/kubectl-lifecycle"]; ok {
-		t.Errorf("/usr/bin/kubectl-lifecycle shipped, but cmd/kubectl-lifecycle has no sources")
+	wantPlugin := map[string]string{
+		"/usr/bin/kubectl-lifecycle":                          "-rwxr-xr-x",
+		"/usr/bin/kubectl_complete-lifecycle":                 "-rwxr-xr-x",
+		"/usr/share/man/man1/kubectl-lifecycle.1.gz":          "-rw-r--r--",
+		"/usr/share/man/man1/kubectl_complete-lifecycle.1.gz": "-rw-r--r--",
+		"/usr/share/doc/kubectl-lifecycle/copyright":          "-rw-r--r--",
+		"/usr/share/doc/kubectl-lifecycle/changelog.gz":       "-rw-r--r--",
 	}
-	for path, mode := range want {
-		e, ok := got[path]
-		if !ok {
-			t.Errorf("%s: missing from the package", path)
-			continue
+	for _, pkg := range []struct {
+		name string
+		got  map[string]debEntry
+		want map[string]string
+	}{{"lifecycle-agent", agent, wantAgent}, {"kubectl-lifecycle", plugin, wantPlugin}} {
+		for path, mode := range pkg.want {
+			e, ok := pkg.got[path]
+			if !ok {
+				t.Errorf("%s: %s missing from the package", pkg.name, path)
+				continue
+			}
+			if e.mode != mode {
+				t.Errorf("%s: %s: mode %s, want %s", pkg.name, path, e.mode, mode)
+			}
 		}
-		if e.mode != mode {
-			t.Errorf("%s: mode %s, want %s", path, e.mode, mode)
+		for path, e := range pkg.got {
+			if e.owner != "root/root" {
+				t.Errorf("%s: %s: owner %s, want root/root", pkg.name, path, e.owner)
+			}
+			// State and runtime directories belong to the unit
+			// (StateDirectory=, RuntimeDirectory=), not to the package.
+			if strings.HasPrefix(path, "/var/") || strings.HasPrefix(path, "/run/") {
+				t.Errorf("%s: %s: the package must not ship anything under /var or /run", pkg.name, path)
+			}
+			// Not /lib: the unit goes under /usr/lib (merged /usr).
+			if strings.HasPrefix(path, "/lib/") {
+				t.Errorf("%s: %s: ship it under /usr/lib", pkg.name, path)
+			}
+		}
+		// A man page for every program (Debian policy 12.1).
+		for path := range pkg.got {
+			dir, name := filepath.Split(path)
+			if dir != "/usr/bin/" || name == "" {
+				continue
+			}
+			_, in1 := pkg.got["/usr/share/man/man1/"+name+".1.gz"]
+			_, in8 := pkg.got["/usr/share/man/man8/"+name+".8.gz"]
+			if !in1 && !in8 {
+				t.Errorf("%s: %s has no man page in man1 or man8", pkg.name, path)
+			}
 		}
 	}
-	for path, e := range got {
-		if e.owner != "root/root" {
-			t.Errorf("%s: owner %s, want root/root", path, e.owner)
+	// Neither package holds the other's files (dpkg would refuse to
+	// install both), and only the agent's has a unit or a conffile.
+	for path := range plugin {
+		if _, both := agent[path]; both && !strings.HasSuffix(path, "/") {
+			t.Errorf("%s is in both packages", path)
 		}
-		// State and runtime directories belong to the unit
-		// (StateDirectory=, RuntimeDirectory=), not to the package.
-		if strings.HasPrefix(path, "/var/") || strings.HasPrefix(path, "/run/") {
-			t.Errorf("%s: the package must not ship anything under /var or /run", path)
+		if strings.HasPrefix(path, "/etc/") || strings.Contains(path, "/systemd/") {
+			t.Errorf("kubectl-lifecycle: %s: the plugin's package must not configure or run a daemon", path)
 		}
 	}
-
-	// A man page for every program (Debian policy 12.1).
-	for path := range got {
-		dir, name := filepath.Split(path)
-		if dir != "/usr/bin/" || name == "" {
-			continue
-		}
-		_, in1 := got["/usr/share/man/man1/"+name+".1.gz"]
-		_, in8 := got["/usr/share/man/man8/"+name+".8.gz"]
-		if !in1 && !in8 {
-			t.Errorf("%s has no man page in man1 or man8", path)
+	for path := range agent {
+		if strings.Contains(path, "kubectl") {
+			t.Errorf("lifecycle-agent: %s: the plugin has its own package", path)
 		}
 	}
 }
@@ -149,10 +174,13 @@ func TestConffiles(t *testing.T) {
 		t.Errorf("conffiles = %q, want %q", got, want)
 	}
 	md5sums := string(readFile(t, filepath.Join(ctl, "md5sums")))
-	for _, p := range []string{"usr/bin/lifecycle-agent", "etc/lifecycle-agent/config.yaml", "lib/systemd/system/lifecycle-agent.service"} {
+	for _, p := range []string{"usr/bin/lifecycle-agent", "etc/lifecycle-agent/config.yaml", "usr/lib/systemd/system/lifecycle-agent.service"} {
 		if !strings.Contains(md5sums, "  "+p+"\n") {
 			t.Errorf("md5sums has no line for %s", p)
 		}
+	}
+	if _, err := os.Stat(filepath.Join(extractControl(t, needPluginDeb(t)), "conffiles")); !os.IsNotExist(err) {
+		t.Errorf("kubectl-lifecycle has a conffiles list (%v); it ships no configuration", err)
 	}
 }
 
@@ -164,7 +192,7 @@ func TestShippedFiles(t *testing.T) {
 	same := []struct{ inDeb, inRepo string }{
 		{"etc/lifecycle-agent/config.yaml", "packaging/config.yaml"},
 		{"usr/share/doc/lifecycle-agent/examples/config.yaml", "packaging/config.example.yaml"},
-		{"lib/systemd/system/lifecycle-agent.service", "packaging/systemd/lifecycle-agent.service"},
+		{"usr/lib/systemd/system/lifecycle-agent.service", "packaging/systemd/lifecycle-agent.service"},
 		{"usr/share/doc/lifecycle-agent/copyright", "packaging/deb/copyright"},
 		{"usr/share/lintian/overrides/lifecycle-agent", "packaging/deb/lintian-overrides"},
 	}
@@ -190,15 +218,17 @@ func TestShippedFiles(t *testing.T) {
 			t.Errorf("/%s differs from `lifecycle-agent completion %s`", sh.path, sh.shell)
 		}
 	}
-	if pluginBuilt(t) {
-		// What kubectl runs for `kubectl lifecycle <TAB>`, with the
-		// package's /usr/bin first on PATH: the plugin's subcommands.
-		cmd := exec.Command(filepath.Join(root, "usr/bin/kubectl_complete-lifecycle"), "")
-		cmd.Env = append(os.Environ(), "PATH="+filepath.Join(root, "usr/bin")+":"+os.Getenv("PATH"))
-		out, err := cmd.Output()
-		if err != nil || !strings.Contains(string(out), "rollout") || !strings.Contains(string(out), "status") {
-			t.Errorf("kubectl_complete-lifecycle '': %v\n%s\nwant the plugin's subcommands", err, out)
-		}
+	// What kubectl runs for `kubectl lifecycle <TAB>`, with the plugin
+	// package's /usr/bin first on PATH: the plugin's subcommands.
+	proot := extract(t, needPluginDeb(t))
+	cmd := exec.Command(filepath.Join(proot, "usr/bin/kubectl_complete-lifecycle"), "")
+	cmd.Env = append(os.Environ(), "PATH="+filepath.Join(proot, "usr/bin")+":"+os.Getenv("PATH"))
+	out, err := cmd.Output()
+	if err != nil || !strings.Contains(string(out), "rollout") || !strings.Contains(string(out), "status") {
+		t.Errorf("kubectl_complete-lifecycle '': %v\n%s\nwant the plugin's subcommands", err, out)
+	}
+	if !bytes.Equal(readFile(t, filepath.Join(proot, "usr/share/doc/kubectl-lifecycle/copyright")), readFile(t, filepath.Join(repoRoot, "packaging/deb/copyright"))) {
+		t.Errorf("kubectl-lifecycle: /usr/share/doc/kubectl-lifecycle/copyright differs from packaging/deb/copyright")
 	}
 
 	// Man pages and changelog: gzip -9n (no name, no time stamp: the same
@@ -235,48 +265,51 @@ func TestShippedFiles(t *testing.T) {
 	}
 }
 
-// TestBinary runs the binary shipped in the package, and checks how it was
-// built: the kustomize tag, cgo and -trimpath, PIE, and never BIND_NOW
-// (which would make it die at start on go-nvml's unresolved symbols).
+// TestBinary runs the binaries shipped in the packages, and checks how
+// they were built: the kustomize tag, cgo and -trimpath, PIE; the agent
+// never BIND_NOW (it would die at start on go-nvml's unresolved symbols),
+// the plugin, which has no go-nvml, BIND_NOW as Debian's hardening wants.
 func TestBinary(t *testing.T) {
-	deb := needDeb(t)
-	root := extract(t, deb)
-	agent := filepath.Join(root, "usr/bin/lifecycle-agent")
+	agent := filepath.Join(extract(t, needDeb(t)), "usr/bin/lifecycle-agent")
+	plugin := filepath.Join(extract(t, needPluginDeb(t)), "usr/bin/kubectl-lifecycle")
 
 	out := mustRun(t, "", agent, "--version")
 	if want := "lifecycle-agent " + testVersion + " (commit "; !strings.HasPrefix(out, want) {
 		t.Errorf("--version = %q, want it to start with %q", out, want)
 	}
-
-	bins := []string{agent}
-	if pluginBuilt(t) {
-		bins = append(bins, filepath.Join(root, "usr/bin/kubectl-lifecycle"))
+	if out, want := mustRun(t, "", plugin, "--version"), "kubectl-lifecycle "+testVersion; !strings.HasPrefix(out, want) {
+		t.Errorf("kubectl-lifecycle --version = %q, want it to start with %q", out, want)
 	}
-	for _, b := range bins {
-		dyn := mustRun(t, "", "readelf", "-d", "-W", b)
-		if regexp.MustCompile(`BIND_NOW|Flags:.*\bNOW\b`).MatchString(dyn) {
-			t.Errorf("%s is BIND_NOW:\n%s", filepath.Base(b), dyn)
+
+	for _, b := range []struct {
+		path    string
+		bindNow bool
+	}{{agent, false}, {plugin, true}} {
+		name := filepath.Base(b.path)
+		dyn := mustRun(t, "", "readelf", "-d", "-W", b.path)
+		if now := regexp.MustCompile(`BIND_NOW|Flags:.*\bNOW\b`).MatchString(dyn); now != b.bindNow {
+			t.Errorf("%s: BIND_NOW %v, want %v:\n%s", name, now, b.bindNow, dyn)
 		}
 		if !regexp.MustCompile(`\(FLAGS_1\).*\bPIE\b`).MatchString(dyn) {
-			t.Errorf("%s is not PIE:\n%s", filepath.Base(b), dyn)
+			t.Errorf("%s is not PIE:\n%s", name, dyn)
 		}
-		info := mustRun(t, "", "go", "version", "-m", b)
+		info := mustRun(t, "", "go", "version", "-m", b.path)
 		for _, want := range []string{"-tags=kustomize_disable_go_plugin_support", "CGO_ENABLED=1", "-trimpath=true", "-buildmode=pie"} {
 			if !strings.Contains(info, want) {
-				t.Errorf("%s: go version -m has no %q:\n%s", filepath.Base(b), want, info)
+				t.Errorf("%s: go version -m has no %q:\n%s", name, want, info)
 			}
 		}
 	}
 }
 
-// TestLintian runs bookworm's lintian on the package: no error and no
+// TestLintian runs bookworm's lintian on both packages: no error and no
 // warning. Intended findings are overridden, each with its reason, in
 // packaging/deb/lintian-overrides.
 func TestLintian(t *testing.T) {
-	deb := needDeb(t)
+	debs := []string{needDeb(t), needPluginDeb(t)}
 	needTools(t, "lintian")
 	out, err := runIn(context.Background(), "", nil, 5*time.Minute,
-		"lintian", "--fail-on", "error,warning", "--display-level", ">=warning", deb)
+		"lintian", append([]string{"--fail-on", "error,warning", "--display-level", ">=warning"}, debs...)...)
 	if err != nil {
 		t.Fatalf("lintian: %v\n%s", err, out)
 	}

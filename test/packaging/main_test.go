@@ -33,9 +33,10 @@ var (
 	repoRoot string // the repository root, from this package's directory
 	tmpRoot  string // removed by TestMain
 
-	buildOnce sync.Once
-	debPath   string
-	buildErr  error
+	buildOnce     sync.Once
+	debPath       string // lifecycle-agent, the node agent
+	pluginDebPath string // kubectl-lifecycle, the plugin's own package
+	buildErr      error
 
 	toolsMu sync.Mutex
 )
@@ -54,12 +55,25 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// needDeb builds the package once (make deb into a temporary DIST) and
-// returns its path. It skips in -short mode.
+// needDeb builds the packages once (make deb into a temporary DIST) and
+// returns the agent's path. It skips in -short mode.
 func needDeb(t *testing.T) string {
 	t.Helper()
+	buildDebs(t)
+	return debPath
+}
+
+// needPluginDeb is needDeb for the kubectl plugin's package.
+func needPluginDeb(t *testing.T) string {
+	t.Helper()
+	buildDebs(t)
+	return pluginDebPath
+}
+
+func buildDebs(t *testing.T) {
+	t.Helper()
 	if testing.Short() {
-		t.Skip("builds the Debian package; skipped in -short mode")
+		t.Skip("builds the Debian packages; skipped in -short mode")
 	}
 	needTools(t, "make", "dpkg-deb", "dpkg-shlibdeps", "readelf")
 	buildOnce.Do(func() {
@@ -72,14 +86,16 @@ func needDeb(t *testing.T) string {
 			return
 		}
 		debPath = filepath.Join(dist, "lifecycle-agent_"+testVersion+"_amd64.deb")
-		if _, err := os.Stat(debPath); err != nil {
-			buildErr = fmt.Errorf("make deb did not write %s: %w\n%s", debPath, err, out)
+		pluginDebPath = filepath.Join(dist, "kubectl-lifecycle_"+testVersion+"_amd64.deb")
+		for _, p := range []string{debPath, pluginDebPath} {
+			if _, err := os.Stat(p); err != nil {
+				buildErr = fmt.Errorf("make deb did not write %s: %w\n%s", p, err, out)
+			}
 		}
 	})
 	if buildErr != nil {
 		t.Fatal(buildErr)
 	}
-	return debPath
 }
 
 // extract unpacks the package's files (dpkg-deb -x) into a new directory.

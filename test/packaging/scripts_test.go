@@ -2,7 +2,10 @@ package packaging
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -10,6 +13,9 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/lifecycle-agent/lifecycle-agent/internal/agent"
+	"github.com/lifecycle-agent/lifecycle-agent/internal/engine"
 )
 
 var maintainerScripts = []string{"postinst", "prerm", "postrm"}
@@ -71,13 +77,47 @@ done
 `
 
 // stub records its command line; `deb-systemd-helper --quiet was-enabled`
-// answers from $STUB_WAS_ENABLED.
+// answers from $STUB_WAS_ENABLED; `lifecycle-agent status` is the packaged
+// binary's own, asking the agent at $STUB_AGENT_SOCKET (the other
+// lifecycle-agent commands, unpublish, are only recorded).
 const stub = `#!/bin/sh
 echo "${0##*/} $*" >>"$STUB_LOG"
 if [ "${0##*/} $1 $2" = "deb-systemd-helper --quiet was-enabled" ]; then
 	[ "$STUB_WAS_ENABLED" = yes ]
+	exit
+fi
+if [ "${0##*/} $1" = "lifecycle-agent status" ]; then
+	LIFECYCLE_AGENT_SOCKET_PATH=$STUB_AGENT_SOCKET exec "$STUB_REAL_AGENT" "$@"
 fi
 `
+
+// serveAgentStatus answers GET /status on a unix socket as an agent running
+// event does, and returns the socket's path.
+func serveAgentStatus(t *testing.T, event *engine.EventSnapshot) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "lacs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	sock := filepath.Join(dir, "agent.sock")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := agent.StatusView{Snapshot: engine.Snapshot{Node: "pkg-node", Identity: "pkg-node", State: "event " + event.Name + ": step drain", Event: event}, HostMode: "real"}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/status" {
+			http.NotFound(w, r)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(st)
+	})}
+	go func() { _ = srv.Serve(l) }()
+	t.Cleanup(func() { srv.Close() })
+	return sock
+}
 
 var (
 	unshareOnce sync.Once
@@ -95,7 +135,13 @@ func TestMaintainerScriptsBehaviour(t *testing.T) {
 	ctl := extractControl(t, deb)
 
 	stubs := t.TempDir()
-	for _, name := range []string{"deb-systemd-helper", "deb-systemd-invoke", "systemctl"} {
+	realAgent := filepath.Join(extract(t, deb), "usr/bin/lifecycle-agent")
+	agentConfig := filepath.Join(t.TempDir(), "config.yaml")
+	if err := os.WriteFile(agentConfig, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	running := serveAgentStatus(t, &engine.EventSnapshot{Name: "drain-pkg-node", Driver: "lifecycle-agent.x-k8s.io/drain", ClaimStatus: "Claimed"})
+	for _, name := range []string{"deb-systemd-helper", "deb-systemd-invoke", "systemctl", "lifecycle-agent"} {
 		if err := os.WriteFile(filepath.Join(stubs, name), []byte(stub), 0o755); err != nil {
 			t.Fatal(err)
 		}
@@ -115,6 +161,8 @@ func TestMaintainerScriptsBehaviour(t *testing.T) {
 		restart    = "deb-systemd-invoke restart lifecycle-agent.service"
 		stop       = "deb-systemd-invoke stop lifecycle-agent.service"
 		purge      = "deb-systemd-helper purge lifecycle-agent.service"
+		status     = "lifecycle-agent status"
+		unpublish  = "lifecycle-agent unpublish --timeout 15s"
 		journal    = "/var/lib/lifecycle-agent/journal.db"
 		dropIn     = "/etc/systemd/logind.conf.d/99-lifecycle-agent.conf"
 	)
@@ -133,6 +181,8 @@ func TestMaintainerScriptsBehaviour(t *testing.T) {
 		wasEnabled bool
 		wantCalls  []string
 		wantGone   []string // files removed; the others must be kept
+		event      bool     // the agent answers status with an event running
+		wantSays   string   // in the script's output
 	}{
 		{
 			name: "install starts the agent", mode: "systemd",
@@ -160,9 +210,15 @@ func TestMaintainerScriptsBehaviour(t *testing.T) {
 			wantCalls: []string{unmask, wasEnabled, enable},
 		},
 		{
-			name: "remove stops the agent and drops its logind drop-in", mode: "systemd",
+			name: "remove stops the agent, withdraws its transitions and drops its logind drop-in", mode: "systemd",
 			script: "prerm", args: []string{"remove"},
-			wantCalls: []string{stop}, wantGone: []string{dropIn},
+			wantCalls: []string{status, stop, unpublish}, wantGone: []string{dropIn},
+		},
+		{
+			name: "remove warns while an event runs", mode: "systemd",
+			script: "prerm", args: []string{"remove"}, event: true,
+			wantCalls: []string{status, stop, unpublish}, wantGone: []string{dropIn},
+			wantSays: "lifecycle-agent: prerm: WARNING: event drain-pkg-node (lifecycle-agent.x-k8s.io/drain, Claimed) is running on this node; removal stops it mid-way.",
 		},
 		{
 			name: "upgrade leaves the old agent running", mode: "systemd",
@@ -171,7 +227,7 @@ func TestMaintainerScriptsBehaviour(t *testing.T) {
 		{
 			name: "remove in a chroot", mode: "nosystemd",
 			script: "prerm", args: []string{"remove"},
-			wantGone: []string{dropIn},
+			wantCalls: []string{status, unpublish}, wantGone: []string{dropIn},
 		},
 		{
 			name: "remove with dpkg --root", mode: "dpkgroot",
@@ -206,10 +262,17 @@ func TestMaintainerScriptsBehaviour(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			log := filepath.Join(t.TempDir(), "calls")
+			sock := filepath.Join(t.TempDir(), "no-agent.sock") // nothing answers
+			if tc.event {
+				sock = running
+			}
 			env := []string{
 				"PATH=" + stubs + ":/usr/sbin:/usr/bin:/sbin:/bin",
 				"STUB_LOG=" + log,
 				"STUB_WAS_ENABLED=" + map[bool]string{true: "yes", false: "no"}[tc.wasEnabled],
+				"STUB_REAL_AGENT=" + realAgent,
+				"STUB_AGENT_SOCKET=" + sock,
+				"LIFECYCLE_AGENT_CONFIG=" + agentConfig,
 				"DPKG_ROOT=",
 			}
 			argv := append([]string{harnessPath, tc.mode, filepath.Join(ctl, tc.script)}, tc.args...)
@@ -238,6 +301,9 @@ func TestMaintainerScriptsBehaviour(t *testing.T) {
 			}
 			if !slices.Equal(gone, tc.wantGone) {
 				t.Errorf("removed %q, want %q", gone, tc.wantGone)
+			}
+			if said := strings.Contains(string(out), "WARNING: event"); said != (tc.wantSays != "") || !strings.Contains(string(out), tc.wantSays) {
+				t.Errorf("%s %s said:\n%s\nwant %q", tc.script, strings.Join(tc.args, " "), out, tc.wantSays)
 			}
 		})
 	}

@@ -23,18 +23,17 @@ func unitRoot(t *testing.T, deb string) string {
 	// man: verify looks up Documentation=man:lifecycle-agent(8) with it.
 	needTools(t, "systemd-analyze", "man")
 	root := extract(t, deb)
-	hostUnits, err := filepath.EvalSymlinks("/lib/systemd/system")
+	hostUnits, err := filepath.EvalSymlinks("/usr/lib/systemd/system")
 	if err != nil {
 		t.Fatalf("host system units: %v", err)
 	}
-	dst := filepath.Join(root, "usr/lib/systemd")
-	if err := os.MkdirAll(dst, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	mustRun(t, "", "cp", "-a", hostUnits, dst)
-	// An installed lifecycle-agent on the host must not shadow the one
-	// under test.
-	if err := os.Remove(filepath.Join(dst, "system", unitName)); err != nil && !os.IsNotExist(err) {
+	// The package's unit is in the same directory as the host's: copy the
+	// host's in, then put the one under test back over an installed
+	// lifecycle-agent's, which must not shadow it.
+	ours := filepath.Join(root, "usr/lib/systemd/system", unitName)
+	unit := readFile(t, ours)
+	mustRun(t, "", "cp", "-a", hostUnits+"/.", filepath.Dir(ours))
+	if err := os.WriteFile(ours, unit, 0o644); err != nil {
 		t.Fatal(err)
 	}
 	return root
@@ -170,7 +169,7 @@ func ptrBool(b *bool) any {
 func TestUnitDirectives(t *testing.T) {
 	deb := needDeb(t)
 	root := extract(t, deb)
-	unit := parseUnit(t, filepath.Join(root, "lib/systemd/system", unitName))
+	unit := parseUnit(t, filepath.Join(root, "usr/lib/systemd/system", unitName))
 
 	want := []struct{ section, key, value string }{
 		{"Unit", "Wants", "network-online.target"},
