@@ -307,7 +307,8 @@ const AnnotationCordonedBy = "lifecycle.x-k8s.io/cordoned-by"
 // Node condition types written by the agent: LifecycleTransition (the
 // LifecycleEvent proposal), the five Node Lifecycle Conditions of KEP-5683
 // as merged (the same strings as k8s.io/api core/v1's NodeDrainInProgress
-// … constants; untyped here, checked by a test), and GPUHealthy (ours).
+// … constants; untyped here, checked by a test), GPUHealthy and
+// RebootRequired (ours).
 const (
 	NodeConditionLifecycleTransition            = "LifecycleTransition"
 	NodeConditionDrainInProgress                = "DrainInProgress"
@@ -316,6 +317,9 @@ const (
 	NodeConditionMaintenanceInProgress          = "MaintenanceInProgress"
 	NodeConditionGracefulNodeShutdownInProgress = "GracefulNodeShutdownInProgress"
 	NodeConditionGPUHealthy                     = "GPUHealthy"
+	// NodeConditionRebootRequired: the node needs a reboot (its sentinel
+	// file exists, or its sentinel command says so); internal/needs.
+	NodeConditionRebootRequired = "RebootRequired"
 )
 
 // NodeConditionTypes is every Node condition type the agent writes, in the
@@ -328,6 +332,7 @@ var NodeConditionTypes = []string{
 	NodeConditionMaintenanceInProgress,
 	NodeConditionGracefulNodeShutdownInProgress,
 	NodeConditionGPUHealthy,
+	NodeConditionRebootRequired,
 }
 
 // SystemNamespace holds the per-node and disruption-slot Leases.

@@ -38,13 +38,14 @@ type rolloutOptions struct {
 	group         string
 	params        []string
 	retryFailed   bool
+	needsReboot   bool
 }
 
 func newRolloutCmd(o *options) *cobra.Command {
 	r := &rolloutOptions{}
 	var cmd *cobra.Command
 	cmd = &cobra.Command{
-		Use:   "rollout DRIVER (-l SELECTOR | NODE...)",
+		Use:   "rollout DRIVER (-l SELECTOR | NODE... | --needs-reboot)",
 		Short: "Run a driver's transition on many nodes, at most N at a time",
 		Long: `Run DRIVER on every selected node under a disruption budget.
 
@@ -64,10 +65,17 @@ once and returns; the agents' slots still enforce --max-concurrent.
 Re-running the same command resumes: the event names are deterministic, so
 existing events are adopted (finished ones counted), never duplicated. The
 default group is <driver>-<hash of the node list or of the selector>; pass
---group to name it, or to start the same operation again later.`,
+--group to name it, or to start the same operation again later.
+
+--needs-reboot keeps, of the nodes selected (all nodes when neither NODE
+arguments nor -l are given), exactly those whose agent reports the Node
+condition RebootRequired=True (its reboot-required sentinel); none: the
+command says so and exits 0. Its default group hashes the selector, not the
+node list, so that running it again resumes the same rollout.`,
 		Example: `  kubectl lifecycle rollout drain -l rack=r12 --max-concurrent 2 --wait
   kubectl lifecycle rollout reboot node-a node-b node-c --max-concurrent 1 --max-failures 1 --wait
-  kubectl lifecycle rollout uncordon -l rack=r12 --max-concurrent 5 --group rack-r12-uncordon --wait`,
+  kubectl lifecycle rollout uncordon -l rack=r12 --max-concurrent 5 --group rack-r12-uncordon --wait
+  kubectl lifecycle rollout reboot --needs-reboot --max-concurrent 1 --wait`,
 		Args: argsBetween(1, -1),
 		RunE: o.runE(func(ctx context.Context, args []string) error {
 			if !r.wait && cmd.Flags().Changed("max-failures") {
@@ -85,6 +93,7 @@ default group is <driver>-<hash of the node list or of the selector>; pass
 	f.StringVar(&r.group, "group", "", "Disruption group and rollout name (lowercase letters, digits, '-'; at most 56). Default: <driver>-<hash of the nodes or selector>")
 	f.StringArrayVar(&r.params, "param", nil, "Driver parameter NAME=VALUE for every node's event (repeatable)")
 	f.BoolVar(&r.retryFailed, "retry-failed", false, "Delete this rollout's failed events and run those nodes again")
+	f.BoolVar(&r.needsReboot, "needs-reboot", false, "Only the selected nodes (default: all) that report RebootRequired=True")
 	return cmd
 }
 
@@ -104,6 +113,9 @@ type rolloutNode struct {
 	// LifecycleTransition condition says it succeeded.
 	doneByNode bool
 	reported   bool
+	// stale: with --needs-reboot, this rollout's finished event of a node
+	// that needs a reboot again since; deleted and run again.
+	stale *v1alpha1.LifecycleEvent
 }
 
 // observe records the latest version of the node's event.
@@ -212,10 +224,29 @@ func rolloutEventName(group, node, short string) string {
 // doneOnNode reports whether the Node's LifecycleTransition condition says
 // that event reached end: the trace a finished event leaves once the agent
 // deleted it (eventRetention).
-func doneOnNode(node *corev1.Node, event, end string) bool {
+func doneOnNode(node *corev1.Node, event, end string, needsReboot bool) bool {
 	for _, c := range node.Status.Conditions {
 		if string(c.Type) == v1alpha1.NodeConditionLifecycleTransition {
-			return c.Status == corev1.ConditionFalse && c.Reason == end && strings.Contains(c.Message, "(event "+event+")")
+			done := c.Status == corev1.ConditionFalse && c.Reason == end && strings.Contains(c.Message, "(event "+event+")")
+			// With --needs-reboot a need that came back after it ended
+			// is work again.
+			return done && !(needsReboot && needBackSince(node, &c.LastTransitionTime))
+		}
+	}
+	return false
+}
+
+// needBackSince says whether the node's RebootRequired=True began after t
+// (the end of an earlier reboot of the same rollout). Both are whole
+// seconds on the API: a need back within the second the reboot ended is
+// taken for the same need, so that one need never gets two reboots.
+func needBackSince(node *corev1.Node, t *metav1.Time) bool {
+	if t == nil {
+		return false
+	}
+	for _, c := range node.Status.Conditions {
+		if string(c.Type) == v1alpha1.NodeConditionRebootRequired {
+			return c.Status == corev1.ConditionTrue && c.LastTransitionTime.After(t.Time)
 		}
 	}
 	return false
@@ -227,8 +258,10 @@ func (o *options) rollout(ctx context.Context, driver string, nodeArgs []string,
 		return usageErr("--max-concurrent %d: want 1 to 1000", r.maxConcurrent)
 	case r.maxFailures < 0:
 		return usageErr("--max-failures %d: want 0 (no limit) or more", r.maxFailures)
-	case (r.selector == "") == (len(nodeArgs) == 0):
+	case r.selector != "" && len(nodeArgs) > 0:
 		return usageErr("rollout takes NODE arguments or -l SELECTOR (one of the two)")
+	case r.selector == "" && len(nodeArgs) == 0 && !r.needsReboot:
+		return usageErr("rollout takes NODE arguments, -l SELECTOR or --needs-reboot")
 	case r.group != "" && (len(r.group) > maxGroupLen || !groupRE.MatchString(r.group)):
 		return usageErr("--group %q: want at most %d lowercase letters, digits and '-', starting and ending with a letter or digit", r.group, maxGroupLen)
 	}
@@ -255,7 +288,7 @@ func (o *options) rollout(ctx context.Context, driver string, nodeArgs []string,
 
 	// The nodes, in name order.
 	nodeObjs := map[string]*corev1.Node{}
-	if selector != "" {
+	if selector != "" || len(nodeArgs) == 0 {
 		l, err := cl.core.CoreV1().Nodes().List(ctx, metav1.ListOptions{LabelSelector: selector})
 		if err != nil {
 			return fmt.Errorf("list nodes %s: %w", selector, err)
@@ -263,7 +296,7 @@ func (o *options) rollout(ctx context.Context, driver string, nodeArgs []string,
 		for i := range l.Items {
 			nodeObjs[l.Items[i].Name] = &l.Items[i]
 		}
-		if len(nodeObjs) == 0 {
+		if len(nodeObjs) == 0 && selector != "" {
 			return usageErr("no nodes match -l %s", selector)
 		}
 	} else {
@@ -281,9 +314,27 @@ func (o *options) rollout(ctx context.Context, driver string, nodeArgs []string,
 			nodeObjs[name] = n
 		}
 	}
+	if r.needsReboot {
+		for name, n := range nodeObjs {
+			if !rebootRequired(n) {
+				delete(nodeObjs, name)
+			}
+		}
+		if len(nodeObjs) == 0 {
+			fmt.Fprintf(o.out, "no selected node reports %s=True: nothing to do\n", v1alpha1.NodeConditionRebootRequired)
+			return nil
+		}
+	}
 	names := sortedKeys(nodeObjs)
 	group := r.group
-	if group == "" {
+	switch {
+	case group == "" && r.needsReboot:
+		// The set shrinks as nodes reboot: name the rollout by what
+		// selects it, so that running it again adopts its events.
+		args := append([]string(nil), nodeArgs...)
+		sort.Strings(args)
+		group = defaultGroup(short, nil, "needs-reboot;"+selector+";"+strings.Join(args, ","))
+	case group == "":
 		group = defaultGroup(short, names, selector)
 	}
 
@@ -305,7 +356,13 @@ func (o *options) rollout(ctx context.Context, driver string, nodeArgs []string,
 					ev.Name, ev.Spec.TransitionName, ev.Spec.BindingNode, name, short)
 			}
 			o.warnDiffers(ev, params, r.maxConcurrent)
-			n.observe(ev, o.clock.Now())
+			if r.needsReboot && needBackSince(nodeObjs[name], ev.Status.CompletionTime) {
+				// Its reboot is done and the node needs another: run
+				// it again, as --retry-failed does a failed one.
+				n.stale = ev
+			} else {
+				n.observe(ev, o.clock.Now())
+			}
 		}
 		nodes = append(nodes, n)
 	}
@@ -318,10 +375,8 @@ func (o *options) rollout(ctx context.Context, driver string, nodeArgs []string,
 		fmt.Fprintf(o.out, ", max-failures %d", r.maxFailures)
 	}
 	fmt.Fprintln(o.out)
-	if r.retryFailed {
-		if err := o.deleteFailed(ctx, cl, nodes); err != nil {
-			return err
-		}
+	if err := o.deleteFinished(ctx, cl, nodes, r.retryFailed); err != nil {
+		return err
 	}
 	// Every node still to start needs the transition; a node whose event
 	// is gone may be done already by its Node condition.
@@ -338,7 +393,7 @@ func (o *options) rollout(ctx context.Context, driver string, nodeArgs []string,
 		if err != nil {
 			return fmt.Errorf("get LifecycleTransition %s-%s: %w", n.node, short, err)
 		}
-		n.doneByNode = doneOnNode(nodeObjs[n.node], n.event, string(lt.Spec.End))
+		n.doneByNode = doneOnNode(nodeObjs[n.node], n.event, string(lt.Spec.End), r.needsReboot)
 	}
 	if len(missing) > 0 {
 		return usageErr("no transition <node>-%s published for %d node(s): %s (see 'kubectl lifecycle transitions NODE'; is lifecycle-agent running there with driver %s enabled?)",
@@ -364,18 +419,23 @@ func (o *options) warnDiffers(ev *v1alpha1.LifecycleEvent, params map[string]str
 	}
 }
 
-// deleteFailed deletes the rollout's failed events (they have no
-// finalizer any more) and waits until they are gone, so their nodes start
-// again.
-func (o *options) deleteFailed(ctx context.Context, cl *clients, nodes []*rolloutNode) error {
+// deleteFinished deletes the rollout's events that must run again — the
+// failed ones with --retry-failed, those of nodes whose need came back
+// (stale) — and waits until they are gone (they have no finalizer any
+// more), so their nodes start again.
+func (o *options) deleteFinished(ctx context.Context, cl *clients, nodes []*rolloutNode, retryFailed bool) error {
 	for _, n := range nodes {
-		if !n.failed() {
-			continue
+		ev, why := n.stale, fmt.Sprintf("it needs a reboot again since its event %s ended", n.event)
+		if ev == nil {
+			if !retryFailed || !n.failed() {
+				continue
+			}
+			ev, why = n.ev, fmt.Sprintf("deleted its failed event %s (%s)", n.event, oneLine(n.ev.Status.Message, 120))
 		}
-		uid := n.ev.UID
+		uid := ev.UID
 		err := cl.lc.Events.Delete(ctx, n.event, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}})
 		if err != nil && !apierrors.IsNotFound(err) {
-			return fmt.Errorf("delete failed event %s: %w", n.event, err)
+			return fmt.Errorf("delete event %s: %w", n.event, err)
 		}
 		deadline := o.clock.After(time.Minute)
 		for {
@@ -387,12 +447,12 @@ func (o *options) deleteFailed(ctx context.Context, cl *clients, nodes []*rollou
 			case <-ctx.Done():
 				return ctx.Err()
 			case <-deadline:
-				return fail(exitFailed, "failed event %s still there a minute after its deletion", n.event)
+				return fail(exitFailed, "event %s still there a minute after its deletion", n.event)
 			case <-o.clock.After(200 * time.Millisecond):
 			}
 		}
-		fmt.Fprintf(o.out, "retrying %s: deleted its failed event %s (%s)\n", n.node, n.event, oneLine(n.ev.Status.Message, 120))
-		n.ev, n.finishedAt, n.ended = nil, time.Time{}, false
+		fmt.Fprintf(o.out, "retrying %s: %s\n", n.node, why)
+		n.ev, n.stale, n.finishedAt, n.ended = nil, nil, time.Time{}, false
 	}
 	return nil
 }
@@ -598,4 +658,14 @@ func sortedKeys[V any](m map[string]V) []string {
 	}
 	sort.Strings(out)
 	return out
+}
+
+// rebootRequired says whether the node's agent reports RebootRequired=True.
+func rebootRequired(n *corev1.Node) bool {
+	for _, c := range n.Status.Conditions {
+		if string(c.Type) == v1alpha1.NodeConditionRebootRequired {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/lifecycle-agent/lifecycle-agent/internal/engine"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/host"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/journal"
+	"github.com/lifecycle-agent/lifecycle-agent/internal/needs"
 )
 
 // Options are what Run needs beyond the configuration.
@@ -252,6 +253,9 @@ func Run(ctx context.Context, o Options) error {
 	if gpu != nil {
 		gpu.startMonitor(ctx, cfg, api, hostOps.BootID(), reg, log, clk)
 	}
+	if err := startNeeds(ctx, cfg, api, reg, log, clk); err != nil {
+		return err
+	}
 	notify("READY", fmt.Sprintf("journal replayed: %d unfinished event(s)", len(unfinished)))
 	if o.Ready != nil {
 		close(o.Ready)
@@ -312,4 +316,24 @@ func withoutLogindDrivers(ctx context.Context, drv []drivers.Driver, logind *hos
 		keep = append(keep, d)
 	}
 	return keep, out
+}
+
+// startNeeds starts the reboot-required detector (internal/needs) unless
+// both its sentinels are off.
+func startNeeds(ctx context.Context, cfg *config.Config, api *apiclient.Client, reg prometheus.Registerer, log *slog.Logger, clk clock.Clock) error {
+	nc := needs.Config{
+		SentinelFile: cfg.Needs.Reboot.SentinelFile, SentinelCommand: cfg.Needs.Reboot.SentinelCommand,
+		CommandTimeout: cfg.Needs.Reboot.CommandTimeout, Interval: cfg.Needs.Reboot.Interval,
+		Sink: api, Registerer: reg, Clock: clk, Log: log,
+	}
+	if !nc.Enabled() {
+		log.Info("reboot-required detection is off (needs.reboot.sentinelFile and sentinelCommand are empty)")
+		return nil
+	}
+	r, err := needs.NewReboot(nc)
+	if err != nil {
+		return err
+	}
+	go r.Run(ctx)
+	return nil
 }

@@ -81,6 +81,7 @@ type Config struct {
 	Drivers   Drivers
 	Drain     Drain
 	Reboot    Reboot
+	Needs     Needs
 	GPU       GPU
 	OSUpgrade OSUpgrade
 	Exec      Exec
@@ -125,6 +126,20 @@ type Drain struct {
 // Reboot is the reboot.* section.
 type Reboot struct {
 	ReadyTimeout time.Duration
+}
+
+// Needs is the needs.* section: work the node detects it needs
+// (internal/needs).
+type Needs struct {
+	Reboot NeedsReboot
+}
+
+// NeedsReboot is needs.reboot.*: the reboot-required sentinel.
+type NeedsReboot struct {
+	SentinelFile    string // "" with SentinelCommand "": off
+	SentinelCommand string // /bin/sh -c; exit 0: a reboot is needed; replaces SentinelFile
+	CommandTimeout  time.Duration
+	Interval        time.Duration
 }
 
 // GPU is the gpu.* section.

@@ -30,15 +30,17 @@ import (
 
 // otherValue is a valid value other than the default, in env-var form.
 var otherValue = map[string]string{
-	"nodeName":                 "node-b",
-	"kubeconfig":               "/etc/kubernetes/other.conf",
-	"journalPath":              "/var/lib/lifecycle-agent/other.db",
-	"socketPath":               "/run/lifecycle-agent/other.sock",
-	"metricsAddress":           "127.0.0.1:9911",
-	"gpu.services":             "nvidia-fabricmanager.service",
-	"gpu.operator.components":  "dcgm",
-	"gpu.operator.labelPrefix": "example.com/gpu.deploy.",
-	"gpu.operator.pausedValue": "paused",
+	"nodeName":                     "node-b",
+	"kubeconfig":                   "/etc/kubernetes/other.conf",
+	"journalPath":                  "/var/lib/lifecycle-agent/other.db",
+	"socketPath":                   "/run/lifecycle-agent/other.sock",
+	"metricsAddress":               "127.0.0.1:9911",
+	"gpu.services":                 "nvidia-fabricmanager.service",
+	"gpu.operator.components":      "dcgm",
+	"gpu.operator.labelPrefix":     "example.com/gpu.deploy.",
+	"gpu.operator.pausedValue":     "paused",
+	"needs.reboot.sentinelFile":    "/run/lifecycle-agent-test/reboot-required",
+	"needs.reboot.sentinelCommand": "test -e /run/lifecycle-agent-test/reboot-required",
 }
 
 // notALayeredField are the keys without a Config field of their own, and

@@ -156,6 +156,32 @@ var keys = []*key{
 		field: func(c *Config) any { return &c.Reboot.ReadyTimeout },
 	},
 	{
+		name: "needs.reboot.sentinelFile", kind: kindString, def: "/var/run/reboot-required", check: emptyOrAbsolute,
+		doc: "While this file exists the node needs a reboot, as kured's --reboot-sentinel: the Node " +
+			"condition RebootRequired is True (reason SentinelFile, the message lists <file>.pkgs) and " +
+			"lifecycle_agent_reboot_required is 1. Debian's package scripts create the default. Empty, with " +
+			"no needs.reboot.sentinelCommand: no reboot-required detection and no RebootRequired condition.",
+		field: func(c *Config) any { return &c.Needs.Reboot.SentinelFile },
+	},
+	{
+		name: "needs.reboot.sentinelCommand", kind: kindString, def: "",
+		doc: "A command, run by /bin/sh -c as kured's --reboot-sentinel-command, whose exit status 0 means " +
+			"the node needs a reboot (reason SentinelCommand); when set it replaces the sentinel file. A " +
+			"read-only probe: it runs in host.mode simulate too, so it must not change the host.",
+		field: func(c *Config) any { return &c.Needs.Reboot.SentinelCommand },
+	},
+	{
+		name: "needs.reboot.commandTimeout", kind: kindDuration, def: "30s", check: positive,
+		doc: "Longest a run of needs.reboot.sentinelCommand may take; one that outlives it is killed " +
+			"with its children and RebootRequired is Unknown.",
+		field: func(c *Config) any { return &c.Needs.Reboot.CommandTimeout },
+	},
+	{
+		name: "needs.reboot.interval", kind: kindDuration, def: "1m", check: positive,
+		doc:   "How often the reboot-required sentinel is checked (and once at start).",
+		field: func(c *Config) any { return &c.Needs.Reboot.Interval },
+	},
+	{
 		name: "gpu.resetMethod", kind: kindString, def: ResetMethodAuto,
 		enum: []string{ResetMethodAuto, ResetMethodNvidiaSMI, ResetMethodNVML},
 		doc: "How gpu-reset resets a GPU: nvidia-smi runs nvidia-smi --gpu-reset; nvml detaches each GPU " +
@@ -394,6 +420,13 @@ func lookupKey(name string) *key {
 func nonEmpty(v any) error {
 	if v.(string) == "" {
 		return fmt.Errorf("must not be empty")
+	}
+	return nil
+}
+
+func emptyOrAbsolute(v any) error {
+	if p := v.(string); p != "" && !strings.HasPrefix(p, "/") {
+		return fmt.Errorf("must be an absolute path (or empty), got %q", p)
 	}
 	return nil
 }

@@ -26,6 +26,7 @@ func defaults() *Config {
 		Shutdown:       Shutdown{Budget: 5 * time.Second},
 		Drain:          Drain{EvictRetryDelay: 5 * time.Second},
 		Reboot:         Reboot{ReadyTimeout: 10 * time.Minute},
+		Needs:          Needs{Reboot: NeedsReboot{SentinelFile: "/var/run/reboot-required", CommandTimeout: 30 * time.Second, Interval: time.Minute}},
 		GPU: GPU{
 			ResetMethod: "auto",
 			Services:    []string{"nvidia-dcgm.service", "nvidia-persistenced.service"},

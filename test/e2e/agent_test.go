@@ -91,6 +91,9 @@ func startAgent(t *testing.T, node string, o agentOpts) *testAgent {
 	cfg.EventRetention = o.retention
 	cfg.Host.Mode = config.HostModeSimulate
 	cfg.Drain.EvictRetryDelay = 500 * time.Millisecond
+	// The reboot-required sentinel of this agent's own (the host's
+	// /var/run/reboot-required would make the tests depend on the machine).
+	cfg.Needs.Reboot.SentinelFile = filepath.Join(dir, "reboot-required")
 	cfg.MetricsAddress = "127.0.0.1:0"
 	if o.budget > 0 {
 		cfg.Shutdown.Budget = o.budget

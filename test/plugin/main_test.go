@@ -112,12 +112,15 @@ type agentProc struct {
 	cmd  *exec.Cmd
 	log  string
 	done chan struct{}
+	// sentinel is this agent's needs.reboot.sentinelFile (checked every
+	// 200ms): create it and the node reports RebootRequired=True.
+	sentinel string
 }
 
 // startNodes registers Ready nodes with kubelet stand-ins, starts an agent
 // for each (system:node:<name>, host actions simulated) and waits until
 // every agent has published its transitions. Everything stops at cleanup.
-func startNodes(t *testing.T, nodes ...string) {
+func startNodes(t *testing.T, nodes ...string) []*agentProc {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
@@ -142,6 +145,7 @@ func startNodes(t *testing.T, nodes ...string) {
 			return err == nil
 		})
 	}
+	return agents
 }
 
 func startAgent(t *testing.T, node string) *agentProc {
@@ -152,14 +156,16 @@ func startAgent(t *testing.T, node string) *agentProc {
 		t.Fatal(err)
 	}
 	cfg := filepath.Join(dir, "config.yaml")
-	if err := os.WriteFile(cfg, []byte("logLevel: debug\ndrain:\n  evictRetryDelay: 500ms\n"), 0o600); err != nil {
+	sentinel := filepath.Join(dir, "reboot-required")
+	if err := os.WriteFile(cfg, []byte("logLevel: debug\ndrain:\n  evictRetryDelay: 500ms\n"+
+		"needs:\n  reboot:\n    sentinelFile: "+sentinel+"\n    interval: 200ms\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	port, err := freePort()
 	if err != nil {
 		t.Fatal(err)
 	}
-	a := &agentProc{node: node, log: filepath.Join(dir, "agent.log"), done: make(chan struct{})}
+	a := &agentProc{node: node, log: filepath.Join(dir, "agent.log"), done: make(chan struct{}), sentinel: sentinel}
 	lf, err := os.Create(a.log)
 	if err != nil {
 		t.Fatal(err)
