@@ -395,7 +395,7 @@ func (e *Engine) reject(ctx context.Context, ev *v1alpha1.LifecycleEvent, why st
 }
 
 // snapshot commits the event, its status and the engine's own attributes.
-func (e *Engine) snapshot(a *active, st journal.EventState) error {
+func (e *Engine) snapshot(a *active, st journal.EventState, push ...journal.OutboxEntry) error {
 	obj := a.ev.DeepCopy()
 	obj.Status = a.status
 	raw, err := json.Marshal(obj)
@@ -418,7 +418,7 @@ func (e *Engine) snapshot(a *active, st journal.EventState) error {
 		attrs["outcomeMessage"] = a.outcomeMsg
 	}
 	if err := e.cfg.Journal.PutEvent(journal.EventRecord{UID: a.uid, Name: a.name, Driver: a.driver.Name(),
-		ResourceVersion: obj.ResourceVersion, State: st, Object: raw, Attrs: attrs}); err != nil {
+		ResourceVersion: obj.ResourceVersion, State: st, Object: raw, Attrs: attrs}, push...); err != nil {
 		return fmt.Errorf("engine: journal event %s: %w", a.name, err)
 	}
 	a.jstate = st

@@ -216,17 +216,28 @@ func (a *active) eventConditions(end journal.Outcome) []apiclient.NodeCondition 
 // pushNode queues event a's Node conditions (running: end "") when they
 // differ from the last ones queued.
 func (e *Engine) pushNode(a *active, end journal.Outcome) error {
-	conds := a.eventConditions(end)
-	raw, _ := json.Marshal(nodePayload{Conditions: conds})
-	if a.lastNode == string(raw) {
+	entry, changed := a.nodeEntry(end)
+	if !changed {
 		return nil
 	}
-	if _, err := e.cfg.Journal.OutboxPush(journal.OutboxEntry{UID: a.uid, Kind: journal.OutboxNodeCondition, Payload: raw}); err != nil {
+	if _, err := e.cfg.Journal.OutboxPush(entry); err != nil {
 		e.log.Error("outbox push", "event", a.name, "err", err)
 		return err
 	}
-	a.lastNode = string(raw)
-	a.nodeStarted = true
+	a.nodePushed(entry)
 	poke(e.flushWake)
 	return nil
+}
+
+// nodeEntry is the outbox entry of the event's Node conditions for end, and
+// whether it differs from the last one pushed.
+func (a *active) nodeEntry(end journal.Outcome) (journal.OutboxEntry, bool) {
+	raw, _ := json.Marshal(nodePayload{Conditions: a.eventConditions(end)})
+	return journal.OutboxEntry{UID: a.uid, Kind: journal.OutboxNodeCondition, Payload: raw}, a.lastNode != string(raw)
+}
+
+// nodePushed records that entry (from nodeEntry) is in the outbox.
+func (a *active) nodePushed(entry journal.OutboxEntry) {
+	a.lastNode = string(entry.Payload)
+	a.nodeStarted = true
 }

@@ -499,14 +499,24 @@ func (e *Engine) finish(ctx context.Context, a *active, outcome journal.Outcome,
 		// The end state is journaled, and both writes queued, before
 		// anything is reported: a journal that refuses them holds the
 		// event (finalizer kept) rather than release it unseen.
+		// One transaction: an end state journaled without the writes
+		// that report it would be replayed from Finishing with nothing
+		// to deliver (the Node left mid-transition, the status never
+		// written; the fault schedules found it).
 		if !e.durably(ctx, a, "its end state", func() error {
-			if err := e.snapshot(a, journal.EventFinishing); err != nil {
+			node, changed := a.nodeEntry(outcome)
+			var push []journal.OutboxEntry
+			if changed {
+				push = append(push, node) // the Node first, then the status
+			}
+			if err := e.snapshot(a, journal.EventFinishing, append(push, a.statusEntry())...); err != nil {
 				return err
 			}
-			if err := e.pushNode(a, outcome); err != nil {
-				return err
+			if changed {
+				a.nodePushed(node)
 			}
-			return e.pushStatus(a)
+			poke(e.flushWake)
+			return nil
 		}) {
 			return
 		}
@@ -721,15 +731,20 @@ type nodePayload struct {
 }
 
 func (e *Engine) pushStatus(a *active) error {
-	a.statusMu.Lock()
-	raw, _ := json.Marshal(a.status)
-	a.statusMu.Unlock()
-	_, err := e.cfg.Journal.OutboxPush(journal.OutboxEntry{UID: a.uid, Kind: journal.OutboxEventStatus, Payload: raw})
+	_, err := e.cfg.Journal.OutboxPush(a.statusEntry())
 	if err != nil {
 		e.log.Error("outbox push", "event", a.name, "err", err)
 	}
 	poke(e.flushWake)
 	return err
+}
+
+// statusEntry is the outbox entry of the event's status as it is now.
+func (a *active) statusEntry() journal.OutboxEntry {
+	a.statusMu.Lock()
+	raw, _ := json.Marshal(a.status)
+	a.statusMu.Unlock()
+	return journal.OutboxEntry{UID: a.uid, Kind: journal.OutboxEventStatus, Payload: raw}
 }
 
 // flushLoop delivers the outbox in order while the API server answers.

@@ -8,7 +8,10 @@ import (
 
 // PutEvent stores the snapshot of an unfinished event, replacing any earlier
 // snapshot with the same UID. V is set by the journal, Updated when zero.
-func (j *Journal) PutEvent(rec EventRecord) error {
+// The outbox entries given are pushed (as OutboxPush does, in order) in the
+// same transaction: an end state journaled is never without the writes
+// that report it.
+func (j *Journal) PutEvent(rec EventRecord, push ...OutboxEntry) error {
 	rec.V = RecordVersion
 	if rec.Updated.IsZero() {
 		rec.Updated = j.clock.Now()
@@ -20,9 +23,17 @@ func (j *Journal) PutEvent(rec EventRecord) error {
 		// gofail: var journalFinishingWriteError string
 		// return fmt.Errorf("journal: put event %s: write: no space left on device (failpoint: %s)", rec.UID, journalFinishingWriteError)
 	}
+	for i := range push {
+		j.stampOutbox(&push[i])
+	}
 	err := j.update(func(tx *bolt.Tx) error {
 		if err := putEvent(tx, rec); err != nil {
 			return err
+		}
+		for i := range push {
+			if err := j.outboxPush(tx, &push[i]); err != nil {
+				return err
+			}
 		}
 		// gofail: var journalBeforeEventCommit struct{}
 		return nil
@@ -31,7 +42,16 @@ func (j *Journal) PutEvent(rec EventRecord) error {
 		return fmt.Errorf("journal: put event %s: %w", rec.UID, err)
 	}
 	// gofail: var journalAfterEventCommit struct{}
+	if rec.State == EventFinishing {
+		finishingCommitted()
+	}
 	return nil
+}
+
+// finishingCommitted runs right after an end state is committed: a crash
+// there is test/crash TestCrashAfterFinishingCommit.
+func finishingCommitted() {
+	// gofail: var journalAfterFinishingCommit struct{}
 }
 
 func putEvent(tx *bolt.Tx, rec EventRecord) error {

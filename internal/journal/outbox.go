@@ -25,40 +25,9 @@ import (
 // journal) and deletes every older entry with the same UID and Kind, which it
 // supersedes. It returns e's sequence number.
 func (j *Journal) OutboxPush(e OutboxEntry) (uint64, error) {
-	e.V = RecordVersion
-	if e.Created.IsZero() {
-		e.Created = j.clock.Now()
-	}
-	e.Created = e.Created.UTC()
+	j.stampOutbox(&e)
 	err := j.update(func(tx *bolt.Tx) error {
-		b := tx.Bucket(bucketOutbox)
-		var stale [][]byte
-		err := b.ForEach(func(k, v []byte) error {
-			old, err := decodeOutbox(k, v)
-			if err != nil {
-				return j.corruptf(err, "outbox %x", k)
-			}
-			if old.UID == e.UID && old.Kind == e.Kind {
-				stale = append(stale, k)
-			}
-			return nil
-		})
-		if err != nil {
-			return err
-		}
-		for _, k := range stale {
-			if err := b.Delete(k); err != nil {
-				return err
-			}
-		}
-		if e.Seq, err = b.NextSequence(); err != nil {
-			return err
-		}
-		v, err := encode(&e)
-		if err != nil {
-			return err
-		}
-		if err := b.Put(seqBytes(e.Seq), v); err != nil {
+		if err := j.outboxPush(tx, &e); err != nil {
 			return err
 		}
 		// gofail: var journalBeforeOutboxCommit struct{}
@@ -69,6 +38,48 @@ func (j *Journal) OutboxPush(e OutboxEntry) (uint64, error) {
 	}
 	// gofail: var journalAfterOutboxCommit struct{}
 	return e.Seq, nil
+}
+
+// stampOutbox sets what the journal sets on an entry it is given.
+func (j *Journal) stampOutbox(e *OutboxEntry) {
+	e.V = RecordVersion
+	if e.Created.IsZero() {
+		e.Created = j.clock.Now()
+	}
+	e.Created = e.Created.UTC()
+}
+
+// outboxPush appends e in tx (setting e.Seq) and deletes the older entries
+// it supersedes.
+func (j *Journal) outboxPush(tx *bolt.Tx, e *OutboxEntry) error {
+	b := tx.Bucket(bucketOutbox)
+	var stale [][]byte
+	err := b.ForEach(func(k, v []byte) error {
+		old, err := decodeOutbox(k, v)
+		if err != nil {
+			return j.corruptf(err, "outbox %x", k)
+		}
+		if old.UID == e.UID && old.Kind == e.Kind {
+			stale = append(stale, k)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	for _, k := range stale {
+		if err := b.Delete(k); err != nil {
+			return err
+		}
+	}
+	if e.Seq, err = b.NextSequence(); err != nil {
+		return err
+	}
+	v, err := encode(e)
+	if err != nil {
+		return err
+	}
+	return b.Put(seqBytes(e.Seq), v)
 }
 
 // OutboxPending returns every entry not yet acknowledged, oldest first.

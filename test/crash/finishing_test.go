@@ -1,0 +1,75 @@
+package crash
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/lifecycle-agent/lifecycle-agent/api/v1alpha1"
+)
+
+// A crash right after the end state is committed (Finishing), before the
+// agent reported anything: the writes that report it were journaled in the
+// same transaction, so the next start delivers them — the Node condition
+// first, then Succeeded — and only then releases the finalizer. Before,
+// the end state and its two outbox writes were three commits: a crash
+// between them (found by a 500-schedule batch, os-upgrade with a twin, a
+// panic and a cancel) was replayed from Finishing with nothing to deliver,
+// leaving LifecycleTransition=True for good (the event deleted) or the
+// event Claimed with no end status, which the agent then adopted and ran
+// again.
+func TestCrashAfterFinishingCommit(t *testing.T) {
+	c, lc, cs, _ := compoundCase(t, "compound-finishing", false)
+	ctx := context.Background()
+	a := c.start(t, `journalAfterFinishingCommit=panic("crash after the end state")`)
+	waitFor(t, "transition published", 60*time.Second, a, func() bool {
+		_, err := lc.Transitions.Get(ctx, c.node+"-uncordon", metav1.GetOptions{})
+		return err == nil
+	})
+	createDrain(t, lc, c, c.event, "uncordon")
+	select {
+	case <-a.done:
+	case <-time.After(60 * time.Second):
+		t.Fatal("the agent did not reach journalAfterFinishingCommit in 60s")
+	}
+	if ev, err := lc.Events.Get(ctx, c.event, metav1.GetOptions{}); err != nil || ev.Status.ClaimStatus.Finished() {
+		t.Fatalf("at the crash the event is %v (%v); want it not yet reported finished", ev.Status.ClaimStatus, err)
+	}
+
+	a = c.start(t, "")
+	var n *corev1.Node
+	waitFor(t, "Succeeded, the finalizer gone and the Node out of its transition", 60*time.Second, a, func() bool {
+		ev, err := lc.Events.Get(ctx, c.event, metav1.GetOptions{})
+		if err != nil || ev.Status.ClaimStatus != v1alpha1.LifecycleEventSucceeded || hasFinalizer(ev) {
+			return false
+		}
+		if n, err = cs.CoreV1().Nodes().Get(ctx, c.node, metav1.GetOptions{}); err != nil {
+			return false
+		}
+		lt := nodeCondition(n, v1alpha1.NodeConditionLifecycleTransition)
+		return lt != nil && lt.Status == corev1.ConditionFalse
+	})
+	if lt := nodeCondition(n, v1alpha1.NodeConditionLifecycleTransition); lt.Reason != "MaintenanceComplete" {
+		t.Errorf("LifecycleTransition at rest: %s/%s; want False with the transition's end state", lt.Status, lt.Reason)
+	}
+	claimNextThenStop(t, c, lc, a)
+	// Finished once: the end state replayed, never the event run again
+	// (without the fix the status never came, the agent adopted its own
+	// Claimed event and ran its step a second time).
+	doc, err := c.exportJournal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	runs := 0
+	for _, h := range doc.History {
+		if h.Event.Name == c.event {
+			runs++
+		}
+	}
+	if runs != 1 {
+		t.Errorf("the journal's history holds %s %d times; want once", c.event, runs)
+	}
+}
