@@ -56,7 +56,13 @@ func BenchmarkClaimLatency(b *testing.B) {
 		}
 	}
 	var claims, conds []time.Duration
+	before, err := r.Env.Scrape(ctx)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ops := 0
 	for b.Loop() {
+		ops++
 		c, n, _, err := r.Once(ctx)
 		if err != nil {
 			b.Fatal(err)
@@ -69,6 +75,17 @@ func BenchmarkClaimLatency(b *testing.B) {
 	}
 	reportPercentiles(b, "claim-ms", claims)
 	reportPercentiles(b, "cond-ms", conds)
+	// What the agent (identity system:node:<name>) asked of the API server
+	// per event: the server's own count, parsed from its /metrics.
+	after, err := r.Env.Scrape(ctx)
+	if err != nil {
+		b.Fatal(err)
+	}
+	d := after.Sub(before)
+	if d.NodeRequests() <= 0 || d.DurationCount["POST"] <= 0 {
+		b.Fatalf("the API server's counters did not move over %d events: node requests %v, POST count %v", ops, d.NodeRequests(), d.DurationCount["POST"])
+	}
+	b.ReportMetric(d.NodeRequests()/float64(ops), "node-requests/op")
 }
 
 // BenchmarkJournalCommit is one durable journal commit (fdatasync included)

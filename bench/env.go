@@ -1,7 +1,6 @@
 package bench
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"io"
@@ -19,6 +18,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 
 	"github.com/lifecycle-agent/lifecycle-agent/api/v1alpha1"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/apiclient"
@@ -231,8 +234,9 @@ func newServerCounters() ServerCounters {
 		APFWaitSum: map[string]float64{}, APFWaitCount: map[string]float64{}}
 }
 
-// Scrape reads the counters from /metrics as admin. The scrape itself is
-// one GET that the next scrape counts.
+// Scrape reads the counters from /metrics as admin (parsed by
+// prometheus/common's expfmt, the text format's reference parser). The
+// scrape itself is one GET that the next scrape counts.
 func (e *Env) Scrape(ctx context.Context) (ServerCounters, error) {
 	c := newServerCounters()
 	body, err := e.Core.CoreV1().RESTClient().Get().AbsPath("/metrics").Stream(ctx)
@@ -240,69 +244,35 @@ func (e *Env) Scrape(ctx context.Context) (ServerCounters, error) {
 		return c, fmt.Errorf("bench: scrape /metrics: %w", err)
 	}
 	defer body.Close()
-	sc := bufio.NewScanner(body)
-	sc.Buffer(make([]byte, 1<<20), 1<<24)
-	for sc.Scan() {
-		line := sc.Text()
-		switch {
-		case strings.HasPrefix(line, "apiserver_request_total{"):
-			labels, v, ok := parseSample(line)
-			if ok {
-				c.Requests[labels["verb"]] += v
-			}
-		case strings.HasPrefix(line, "apiserver_flowcontrol_dispatched_requests_total{"):
-			labels, v, ok := parseSample(line)
-			if ok {
-				c.FlowSchema[labels["flow_schema"]] += v
-			}
-		case strings.HasPrefix(line, "apiserver_request_duration_seconds_sum{"):
-			if labels, v, ok := parseSample(line); ok {
-				c.DurationSum[labels["verb"]] += v
-			}
-		case strings.HasPrefix(line, "apiserver_request_duration_seconds_count{"):
-			if labels, v, ok := parseSample(line); ok {
-				c.DurationCount[labels["verb"]] += v
-			}
-		case strings.HasPrefix(line, "apiserver_flowcontrol_request_wait_duration_seconds_sum{"):
-			if labels, v, ok := parseSample(line); ok {
-				c.APFWaitSum[labels["priority_level"]] += v
-			}
-		case strings.HasPrefix(line, "apiserver_flowcontrol_request_wait_duration_seconds_count{"):
-			if labels, v, ok := parseSample(line); ok {
-				c.APFWaitCount[labels["priority_level"]] += v
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(body)
+	if err != nil {
+		return c, fmt.Errorf("bench: parse /metrics: %w", err)
+	}
+	// sumBy adds each sample of a family to dst[its label key].
+	sumBy := func(dst map[string]float64, family, key string, value func(*dto.Metric) float64) {
+		f := families[family]
+		if f == nil {
+			return
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == key {
+					dst[l.GetValue()] += value(m)
+				}
 			}
 		}
 	}
-	return c, sc.Err()
-}
-
-// parseSample parses one Prometheus text-format sample line.
-func parseSample(line string) (map[string]string, float64, bool) {
-	open, close := strings.IndexByte(line, '{'), strings.LastIndexByte(line, '}')
-	if open < 0 || close < open {
-		return nil, 0, false
-	}
-	labels := map[string]string{}
-	rest := line[open+1 : close]
-	for rest != "" {
-		eq := strings.IndexByte(rest, '=')
-		if eq < 0 || eq+1 >= len(rest) || rest[eq+1] != '"' {
-			break
-		}
-		key := strings.TrimLeft(rest[:eq], ",")
-		end := strings.IndexByte(rest[eq+2:], '"')
-		if end < 0 {
-			break
-		}
-		labels[key] = rest[eq+2 : eq+2+end]
-		rest = strings.TrimLeft(rest[eq+2+end+1:], ",")
-	}
-	fields := strings.Fields(line[close+1:])
-	if len(fields) == 0 {
-		return nil, 0, false
-	}
-	v, err := strconv.ParseFloat(fields[0], 64)
-	return labels, v, err == nil
+	counter := func(m *dto.Metric) float64 { return m.GetCounter().GetValue() }
+	hsum := func(m *dto.Metric) float64 { return m.GetHistogram().GetSampleSum() }
+	hcount := func(m *dto.Metric) float64 { return float64(m.GetHistogram().GetSampleCount()) }
+	sumBy(c.Requests, "apiserver_request_total", "verb", counter)
+	sumBy(c.FlowSchema, "apiserver_flowcontrol_dispatched_requests_total", "flow_schema", counter)
+	sumBy(c.DurationSum, "apiserver_request_duration_seconds", "verb", hsum)
+	sumBy(c.DurationCount, "apiserver_request_duration_seconds", "verb", hcount)
+	sumBy(c.APFWaitSum, "apiserver_flowcontrol_request_wait_duration_seconds", "priority_level", hsum)
+	sumBy(c.APFWaitCount, "apiserver_flowcontrol_request_wait_duration_seconds", "priority_level", hcount)
+	return c, nil
 }
 
 // ---- processes ----
