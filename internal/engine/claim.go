@@ -320,14 +320,6 @@ func (e *Engine) claim(ctx context.Context, cached *v1alpha1.LifecycleEvent) (*a
 		e.cfg.Metrics.ClaimLatency.Observe(now.Sub(ev.CreationTimestamp.Time).Seconds())
 		e.log.Info("claimed", "event", ev.Name, "driver", d.Name(), "transition", lt.Name)
 		fin = got
-		// The Node condition goes out now, in parallel with the finalizer
-		// below: it reports, it changes nothing on the host. (A crash
-		// before the snapshot leaves it queued; the event, Claimed by us,
-		// is adopted at the next start and ends it.)
-		if planErr == nil {
-			a.ev = ev
-			e.pushNode(a, running)
-		}
 	}
 	// Finalizer before any side effect.
 	got, err := e.cfg.API.SetFinalizerOn(ctx, fin, true)
@@ -353,8 +345,25 @@ func (e *Engine) claim(ctx context.Context, cached *v1alpha1.LifecycleEvent) (*a
 	if a.status.Sla != nil {
 		a.deadline = a.status.Sla.Time
 	}
-	if err := e.snapshot(a, journal.EventClaimed); err != nil {
+	// The start's Node conditions are queued with the snapshot, in one
+	// transaction: queued before it, a crash in between left them to be
+	// delivered at the next start for an event the journal did not know,
+	// and, deleted meanwhile, nobody took them back (the Node said
+	// "mid-transition" for good; found by the fault schedules). A crash
+	// before this commit leaves nothing: the event, Claimed by us, is
+	// adopted at the next start, or gone.
+	var push []journal.OutboxEntry
+	start, _ := a.nodeEntry(running)
+	startConds := !adopt && planErr == nil
+	if startConds {
+		push = append(push, start)
+	}
+	if err := e.snapshot(a, journal.EventClaimed, push...); err != nil {
 		return nil, err
+	}
+	if startConds {
+		a.nodePushed(start)
+		poke(e.flushWake)
 	}
 	if adopt {
 		if err := e.rebuildSteps(a); err != nil {

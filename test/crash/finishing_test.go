@@ -73,3 +73,53 @@ func TestCrashAfterFinishingCommit(t *testing.T) {
 		t.Errorf("the journal's history holds %s %d times; want once", c.event, runs)
 	}
 }
+
+// A crash at the claim's first outbox write, and the event deleted while
+// the agent is down: the Node must not keep a transition for an event that
+// is gone. The start's Node conditions used to be queued on their own,
+// before the claim's snapshot: the restarted agent delivered
+// LifecycleTransition=True for an event its journal did not know, and
+// nobody took it back (found by a fault-schedule batch, schedule 95: a
+// reboot, a panic at journalAfterOutboxCommit, a cancel). Now they are
+// queued in the snapshot's transaction, so the event is either unknown and
+// nothing was reported, or journaled and its cancel takes them back.
+func TestCrashAtClaimThenDeleted(t *testing.T) {
+	c, lc, cs, _ := compoundCase(t, "compound-claim-deleted", false)
+	ctx := context.Background()
+	a := c.start(t, `journalAfterOutboxCommit=panic("crash at the first outbox write")`)
+	waitFor(t, "transition published", 60*time.Second, a, func() bool {
+		_, err := lc.Transitions.Get(ctx, c.node+"-uncordon", metav1.GetOptions{})
+		return err == nil
+	})
+	createDrain(t, lc, c, c.event, "uncordon")
+	select {
+	case <-a.done:
+	case <-time.After(60 * time.Second):
+		t.Fatal("the agent did not reach its first outbox write in 60s")
+	}
+	// Cancelled while the agent is down.
+	if err := lc.Events.Delete(ctx, c.event, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
+	a = c.start(t, "")
+	var n *corev1.Node
+	waitFor(t, "the event gone and the Node not mid-transition", 60*time.Second, a, func() bool {
+		if _, err := lc.Events.Get(ctx, c.event, metav1.GetOptions{}); err == nil {
+			return false
+		}
+		st, err := statusFromSocket(ctx, c.socket())
+		if err != nil || st.State != "idle" || st.Outbox != 0 || st.Unfinished != 0 {
+			return false
+		}
+		n, err = cs.CoreV1().Nodes().Get(ctx, c.node, metav1.GetOptions{})
+		return err == nil
+	})
+	if lt := nodeCondition(n, v1alpha1.NodeConditionLifecycleTransition); lt != nil && lt.Status == corev1.ConditionTrue {
+		t.Errorf("LifecycleTransition=True/%s at rest (%q) for an event that is gone", lt.Reason, lt.Message)
+	}
+	if n.Spec.Unschedulable {
+		t.Errorf("node left cordoned (cordoned-by %q)", n.Annotations[v1alpha1.AnnotationCordonedBy])
+	}
+	claimNextThenStop(t, c, lc, a)
+}
