@@ -3,6 +3,7 @@ package crash
 import (
 	"context"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net/http"
 	"os"
@@ -739,21 +740,31 @@ func goroutines(a *agentProc) (int, error) {
 func armPanic(t *testing.T, a *agentProc, fp string, d time.Duration) bool {
 	t.Helper()
 	c := &http.Client{Timeout: 3 * time.Second}
-	// The endpoint of an agent that just started may not listen yet.
+	// The endpoint of an agent that just started may not listen yet, or
+	// listen before the failpoints are registered: gofail's runtime starts
+	// its HTTP server in its own init, before the packages that declare
+	// failpoints run theirs ("failpoint does not exist" for a moment).
 	var resp *http.Response
+	var body []byte
 	var err error
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
 		req, _ := http.NewRequest(http.MethodPut, "http://"+a.gofail+"/"+fp, strings.NewReader(`panic("chaos")`))
-		if resp, err = c.Do(req); err == nil || a.exited() || time.Now().After(deadline) {
+		if resp, err = c.Do(req); err == nil {
+			body, _ = io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusBadRequest && strings.Contains(string(body), "does not exist") && !a.exited() && time.Now().Before(deadline) {
+				continue
+			}
+		}
+		if err == nil || a.exited() || time.Now().After(deadline) {
 			break
 		}
 	}
 	if err != nil {
 		t.Fatalf("arm failpoint %s: %v (agent %s)", fp, err, a.exit())
 	}
-	resp.Body.Close()
 	if resp.StatusCode/100 != 2 {
-		t.Fatalf("arm failpoint %s: %s", fp, resp.Status)
+		t.Fatalf("arm failpoint %s: %s: %s", fp, resp.Status, strings.TrimSpace(string(body)))
 	}
 	select {
 	case <-a.done:
