@@ -84,7 +84,7 @@ func TestCrashAfterFinishingCommit(t *testing.T) {
 // queued in the snapshot's transaction, so the event is either unknown and
 // nothing was reported, or journaled and its cancel takes them back.
 func TestCrashAtClaimThenDeleted(t *testing.T) {
-	c, lc, cs, _ := compoundCase(t, "compound-claim-deleted", false)
+	c, lc, cs, _ := compoundCase(t, "compound-claim-crash-deleted", false)
 	ctx := context.Background()
 	a := c.start(t, `journalAfterOutboxCommit=panic("crash at the first outbox write")`)
 	waitFor(t, "transition published", 60*time.Second, a, func() bool {
