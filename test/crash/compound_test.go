@@ -91,8 +91,11 @@ func waitUncordoned(t *testing.T, c *crashCase, cs kubernetes.Interface, a *agen
 		if err != nil || n.Spec.Unschedulable || n.Annotations[v1alpha1.AnnotationCordonedBy] != "" {
 			return false
 		}
+		// Not in progress: never written (the start's conditions are
+		// queued with the claim's snapshot, after the finalizer), or
+		// taken back.
 		cond := nodeCondition(n, v1alpha1.NodeConditionLifecycleTransition)
-		return cond != nil && cond.Status == corev1.ConditionFalse
+		return cond == nil || cond.Status == corev1.ConditionFalse
 	})
 }
 
@@ -463,8 +466,11 @@ func TestDeletedDuringClaim(t *testing.T) {
 		if err != nil {
 			return false
 		}
+		// Not in progress: never written (the start's conditions are
+		// queued with the claim's snapshot, after the finalizer), or
+		// taken back.
 		cond := nodeCondition(n, v1alpha1.NodeConditionLifecycleTransition)
-		return cond != nil && cond.Status == corev1.ConditionFalse
+		return cond == nil || cond.Status == corev1.ConditionFalse
 	})
 	if _, err := lc.Events.Get(ctx, c.event, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 		t.Errorf("the deleted event is still there: %v", err)
