@@ -9,6 +9,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/lifecycle-agent/lifecycle-agent/api/v1alpha1"
+	"github.com/lifecycle-agent/lifecycle-agent/internal/apiclient"
 )
 
 // A crash right after the end state is committed (Finishing), before the
@@ -24,22 +25,12 @@ import (
 func TestCrashAfterFinishingCommit(t *testing.T) {
 	c, lc, cs, _ := compoundCase(t, "compound-finishing", false)
 	ctx := context.Background()
-	a := c.start(t, `journalAfterFinishingCommit=panic("crash after the end state")`)
-	waitFor(t, "transition published", 60*time.Second, a, func() bool {
-		_, err := lc.Transitions.Get(ctx, c.node+"-uncordon", metav1.GetOptions{})
-		return err == nil
-	})
-	createDrain(t, lc, c, c.event, "uncordon")
-	select {
-	case <-a.done:
-	case <-time.After(60 * time.Second):
-		t.Fatal("the agent did not reach journalAfterFinishingCommit in 60s")
-	}
+	crashOnUncordon(t, c, lc, `journalAfterFinishingCommit=panic("crash after the end state")`)
 	if ev, err := lc.Events.Get(ctx, c.event, metav1.GetOptions{}); err != nil || ev.Status.ClaimStatus.Finished() {
 		t.Fatalf("at the crash the event is %v (%v); want it not yet reported finished", ev.Status.ClaimStatus, err)
 	}
 
-	a = c.start(t, "")
+	a := c.start(t, "")
 	var n *corev1.Node
 	waitFor(t, "Succeeded, the finalizer gone and the Node out of its transition", 60*time.Second, a, func() bool {
 		ev, err := lc.Events.Get(ctx, c.event, metav1.GetOptions{})
@@ -86,23 +77,13 @@ func TestCrashAfterFinishingCommit(t *testing.T) {
 func TestCrashAtClaimThenDeleted(t *testing.T) {
 	c, lc, cs, _ := compoundCase(t, "compound-claim-crash-deleted", false)
 	ctx := context.Background()
-	a := c.start(t, `journalAfterOutboxCommit=panic("crash at the first outbox write")`)
-	waitFor(t, "transition published", 60*time.Second, a, func() bool {
-		_, err := lc.Transitions.Get(ctx, c.node+"-uncordon", metav1.GetOptions{})
-		return err == nil
-	})
-	createDrain(t, lc, c, c.event, "uncordon")
-	select {
-	case <-a.done:
-	case <-time.After(60 * time.Second):
-		t.Fatal("the agent did not reach its first outbox write in 60s")
-	}
+	crashOnUncordon(t, c, lc, `journalAfterOutboxCommit=panic("crash at the first outbox write")`)
 	// Cancelled while the agent is down.
 	if err := lc.Events.Delete(ctx, c.event, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 
-	a = c.start(t, "")
+	a := c.start(t, "")
 	var n *corev1.Node
 	waitFor(t, "the event gone and the Node not mid-transition", 60*time.Second, a, func() bool {
 		if _, err := lc.Events.Get(ctx, c.event, metav1.GetOptions{}); err == nil {
@@ -122,4 +103,21 @@ func TestCrashAtClaimThenDeleted(t *testing.T) {
 		t.Errorf("node left cordoned (cordoned-by %q)", n.Annotations[v1alpha1.AnnotationCordonedBy])
 	}
 	claimNextThenStop(t, c, lc, a)
+}
+
+// crashOnUncordon starts the agent with a failpoint that panics, creates
+// c's uncordon event and waits until the agent died of it.
+func crashOnUncordon(t *testing.T, c *crashCase, lc *apiclient.LifecycleClients, failpoint string) {
+	t.Helper()
+	a := c.start(t, failpoint)
+	waitFor(t, "transition published", 60*time.Second, a, func() bool {
+		_, err := lc.Transitions.Get(context.Background(), c.node+"-uncordon", metav1.GetOptions{})
+		return err == nil
+	})
+	createDrain(t, lc, c, c.event, "uncordon")
+	select {
+	case <-a.done:
+	case <-time.After(60 * time.Second):
+		t.Fatalf("the agent did not die of %s in 60s", failpoint)
+	}
 }
