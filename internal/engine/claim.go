@@ -325,11 +325,9 @@ func (e *Engine) claim(ctx context.Context, cached *v1alpha1.LifecycleEvent) (*a
 	got, err := e.cfg.API.SetFinalizerOn(ctx, fin, true)
 	if err != nil {
 		if apierrors.IsNotFound(err) {
-			// Deleted right after our claim: nothing was done; take back
-			// the Node condition and the node Lease the claim set.
-			if a.nodeStarted {
-				_ = e.pushNode(a, journal.OutcomeCancelled)
-			}
+			// Deleted right after our claim: nothing was done or reported
+			// (the Node conditions go out with the snapshot below); take
+			// back the node Lease the claim set.
 			if rerr := e.cfg.API.ReleaseNodeLease(ctx, e.cfg.Identity); rerr != nil {
 				e.log.Warn("releasing the node lease of a deleted event failed", "event", ev.Name, "err", rerr)
 			}
