@@ -85,6 +85,8 @@ func TestContents(t *testing.T) {
 	wantAgent := map[string]string{ // path: mode
 		"/usr/bin/lifecycle-agent":                                  "-rwxr-xr-x",
 		"/usr/lib/systemd/system/lifecycle-agent.service":           "-rw-r--r--",
+		"/usr/lib/systemd/system/lifecycle-agent-recover.service":   "-rw-r--r--",
+		"/usr/lib/lifecycle-agent/recover":                          "-rwxr-xr-x",
 		"/etc/lifecycle-agent/":                                     "drwxr-xr-x",
 		"/etc/lifecycle-agent/config.yaml":                          "-rw-------",
 		"/etc/systemd/logind.conf.d/":                               "drwxr-xr-x",

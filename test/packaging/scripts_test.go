@@ -159,7 +159,7 @@ func TestMaintainerScriptsBehaviour(t *testing.T) {
 		reload     = "systemctl --system daemon-reload"
 		start      = "deb-systemd-invoke start lifecycle-agent.service"
 		restart    = "deb-systemd-invoke restart lifecycle-agent.service"
-		stop       = "deb-systemd-invoke stop lifecycle-agent.service"
+		stop       = "deb-systemd-invoke stop lifecycle-agent-recover.service lifecycle-agent.service"
 		purge      = "deb-systemd-helper purge lifecycle-agent.service"
 		status     = "lifecycle-agent status"
 		unpublish  = "lifecycle-agent unpublish --timeout 15s"
@@ -322,5 +322,86 @@ func needUnshare(t *testing.T) {
 	})
 	if unshareErr != nil {
 		t.Skipf("no private mount namespace here (%v); the VM tests cover this case", unshareErr)
+	}
+}
+
+// recoverStub is systemctl for TestRecoverScript: `show -P ActiveState` and
+// `show -P Result` answer from $STUB_STATES, one "ActiveState Result" pair
+// per line, the next line on each ActiveState query (the last line
+// repeats); every call is recorded.
+const recoverStub = `#!/bin/sh
+echo "systemctl $*" >>"$STUB_LOG"
+[ "$1 $2" = "show -P" ] || exit 0
+n=$(grep -c "show -P ActiveState" "$STUB_LOG")
+line=$(sed -n "${n}p" "$STUB_STATES")
+[ -n "$line" ] || line=$(tail -n 1 "$STUB_STATES")
+case $3 in
+ActiveState) echo "${line%% *}" ;;
+Result) echo "${line#* }" ;;
+esac
+`
+
+// TestRecoverScript runs /usr/lib/lifecycle-agent/recover, as the package
+// ships it, against a systemctl that reports the agent's state: it starts
+// the agent again only when its start limit tripped and it is still
+// failed for that reason after the wait.
+func TestRecoverScript(t *testing.T) {
+	deb := needDeb(t)
+	needTools(t, "shellcheck")
+	script := filepath.Join(extract(t, deb), "usr/lib/lifecycle-agent/recover")
+	if st, err := os.Stat(script); err != nil || st.Mode().Perm() != 0o755 {
+		t.Fatalf("recover script: %v (mode %v), want it at mode 0755", err, st)
+	}
+	mustRun(t, "", "shellcheck", "--shell=sh", script)
+	stubs := t.TempDir()
+	if err := os.WriteFile(filepath.Join(stubs, "systemctl"), []byte(recoverStub), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	const (
+		showState  = "systemctl show -P ActiveState lifecycle-agent.service"
+		showResult = "systemctl show -P Result lifecycle-agent.service"
+		reset      = "systemctl reset-failed lifecycle-agent.service"
+		start      = "systemctl start --no-block lifecycle-agent.service"
+	)
+	for _, tc := range []struct {
+		name, states string
+		wantCalls    []string
+		wantSays     string
+	}{
+		{
+			name: "start limit hit: started again after the wait", states: "failed start-limit-hit\n",
+			wantCalls: []string{showState, showResult, showState, showResult, reset, start},
+			wantSays:  "lifecycle-agent.service started again after its start limit",
+		},
+		{
+			name: "exit 2 (bad config): left alone", states: "failed exit-code\n",
+			wantCalls: []string{showState, showResult, showResult},
+			wantSays:  "failed with Result=exit-code, not its start limit: leaving it alone",
+		},
+		{
+			name: "started by someone while waiting: left alone", states: "failed start-limit-hit\nactive success\n",
+			wantCalls: []string{showState, showResult, showState, showState},
+			wantSays:  "changed state while waiting (active): leaving it alone",
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			log, states := filepath.Join(dir, "calls"), filepath.Join(dir, "states")
+			if err := os.WriteFile(states, []byte(tc.states), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			env := []string{"PATH=" + stubs + ":/usr/bin:/bin", "STUB_LOG=" + log, "STUB_STATES=" + states, "LIFECYCLE_AGENT_RECOVER_DELAY=0"}
+			out, err := runIn(context.Background(), "", env, time.Minute, script)
+			if err != nil {
+				t.Fatalf("recover: %v\n%s", err, out)
+			}
+			calls := strings.Split(strings.TrimSpace(string(readFile(t, log))), "\n")
+			if !slices.Equal(calls, tc.wantCalls) {
+				t.Errorf("calls:\n  %s\nwant:\n  %s", strings.Join(calls, "\n  "), strings.Join(tc.wantCalls, "\n  "))
+			}
+			if !strings.Contains(string(out), tc.wantSays) {
+				t.Errorf("recover said:\n%s\nwant %q", out, tc.wantSays)
+			}
+		})
 	}
 }

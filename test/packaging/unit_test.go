@@ -7,12 +7,18 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 )
 
-const unitName = "lifecycle-agent.service"
+const (
+	unitName = "lifecycle-agent.service"
+	// recoverUnit is the agent unit's OnFailure=: it starts the agent again
+	// after its start limit tripped (packaging/lib/recover).
+	recoverUnit = "lifecycle-agent-recover.service"
+)
 
 // unitRoot extracts the package into a directory usable as
 // systemd-analyze --root: the package's files plus a copy of the host's
@@ -30,11 +36,16 @@ func unitRoot(t *testing.T, deb string) string {
 	// The package's unit is in the same directory as the host's: copy the
 	// host's in, then put the one under test back over an installed
 	// lifecycle-agent's, which must not shadow it.
-	ours := filepath.Join(root, "usr/lib/systemd/system", unitName)
-	unit := readFile(t, ours)
-	mustRun(t, "", "cp", "-a", hostUnits+"/.", filepath.Dir(ours))
-	if err := os.WriteFile(ours, unit, 0o644); err != nil {
-		t.Fatal(err)
+	dir := filepath.Join(root, "usr/lib/systemd/system")
+	var units [][]byte
+	for _, u := range []string{unitName, recoverUnit} {
+		units = append(units, readFile(t, filepath.Join(dir, u)))
+	}
+	mustRun(t, "", "cp", "-a", hostUnits+"/.", dir)
+	for i, u := range []string{unitName, recoverUnit} {
+		if err := os.WriteFile(filepath.Join(dir, u), units[i], 0o644); err != nil {
+			t.Fatal(err)
+		}
 	}
 	return root
 }
@@ -56,7 +67,7 @@ func TestSystemdVerify(t *testing.T) {
 	deb := needDeb(t)
 	root := unitRoot(t, deb)
 
-	out, err := analyze(root, "verify", "--root="+root, unitName)
+	out, err := analyze(root, "verify", "--root="+root, unitName, recoverUnit)
 	if err != nil || strings.TrimSpace(out) != "" {
 		t.Fatalf("systemd-analyze verify: err %v, output:\n%s", err, out)
 	}
@@ -166,6 +177,27 @@ func ptrBool(b *bool) any {
 // TestUnitDirectives checks the directives the agent's behaviour depends
 // on, in the unit as shipped: readiness and watchdog, restart policy,
 // ordering against the kubelet, directories, kill mode.
+// TestRecoverUnitDirectives checks the unit the agent's start limit pulls
+// in: a static oneshot that waits without a start timeout.
+func TestRecoverUnitDirectives(t *testing.T) {
+	deb := needDeb(t)
+	root := extract(t, deb)
+	unit := parseUnit(t, filepath.Join(root, "usr/lib/systemd/system", recoverUnit))
+	for _, w := range []struct{ section, key, value string }{
+		{"Service", "Type", "oneshot"},
+		{"Service", "ExecStart", "/usr/lib/lifecycle-agent/recover"},
+		{"Service", "Environment", "LIFECYCLE_AGENT_RECOVER_DELAY=900"},
+		{"Service", "TimeoutStartSec", "infinity"},
+	} {
+		if !slices.Contains(unit[w.section][w.key], w.value) {
+			t.Errorf("%s: [%s] %s=%s missing; have %q", recoverUnit, w.section, w.key, w.value, unit[w.section][w.key])
+		}
+	}
+	if install, ok := unit["Install"]; ok {
+		t.Errorf("%s has an [Install] section (%v): it must stay static, pulled in by OnFailure= only", recoverUnit, install)
+	}
+}
+
 func TestUnitDirectives(t *testing.T) {
 	deb := needDeb(t)
 	root := extract(t, deb)
@@ -179,7 +211,9 @@ func TestUnitDirectives(t *testing.T) {
 		{"Unit", "After", "nvidia-persistenced.service"},
 		{"Unit", "After", "nvidia-fabricmanager.service"},
 		{"Unit", "Before", "kubelet.service"},
-		{"Unit", "StartLimitIntervalSec", "0"},
+		{"Unit", "StartLimitIntervalSec", "10min"},
+		{"Unit", "StartLimitBurst", "10"},
+		{"Unit", "OnFailure", "lifecycle-agent-recover.service"},
 		{"Service", "Type", "notify"},
 		{"Service", "NotifyAccess", "main"},
 		{"Service", "ExecStart", "/usr/bin/lifecycle-agent run"},
