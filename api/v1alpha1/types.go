@@ -320,6 +320,13 @@ const (
 	// NodeConditionRebootRequired: the node needs a reboot (its sentinel
 	// file exists, or its sentinel command says so); internal/needs.
 	NodeConditionRebootRequired = "RebootRequired"
+	// NodeConditionGPUResetRequired: some GPU asks for a reset (its
+	// recovery action, a pending row remap, a reset-class XID);
+	// internal/gpuhealth.
+	NodeConditionGPUResetRequired = "GPUResetRequired"
+	// NodeConditionGPUReplacementRequired: some GPU is failing and needs
+	// service (row remapping failed, XID 64); internal/gpuhealth.
+	NodeConditionGPUReplacementRequired = "GPUReplacementRequired"
 )
 
 // NodeConditionTypes is every Node condition type the agent writes, in the
@@ -333,6 +340,8 @@ var NodeConditionTypes = []string{
 	NodeConditionGracefulNodeShutdownInProgress,
 	NodeConditionGPUHealthy,
 	NodeConditionRebootRequired,
+	NodeConditionGPUResetRequired,
+	NodeConditionGPUReplacementRequired,
 }
 
 // SystemNamespace holds the per-node and disruption-slot Leases.

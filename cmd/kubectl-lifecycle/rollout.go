@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"maps"
 	"regexp"
+	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -27,6 +29,13 @@ const labelRollout = "lifecycle.x-k8s.io/rollout"
 // maxGroupLen is spec.disruption.group's limit (slot Leases are <group>-<i>).
 const maxGroupLen = 56
 
+// gpuResetParamGPUs is the gpu-reset driver's GPU list parameter
+// (drivers.GPUResetParamGPUs; the plugin does not link the drivers).
+const gpuResetParamGPUs = "gpus"
+
+// gpuResetParamDrain is drivers.GPUResetParamDrain.
+const gpuResetParamDrain = "drain"
+
 var groupRE = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
 
 type rolloutOptions struct {
@@ -39,13 +48,26 @@ type rolloutOptions struct {
 	params        []string
 	retryFailed   bool
 	needsReboot   bool
+	needsGPUReset bool
+}
+
+// need is the Node condition --needs-reboot or --needs-gpu-reset selects
+// on; "" for neither.
+func (r *rolloutOptions) need() string {
+	switch {
+	case r.needsReboot:
+		return v1alpha1.NodeConditionRebootRequired
+	case r.needsGPUReset:
+		return v1alpha1.NodeConditionGPUResetRequired
+	}
+	return ""
 }
 
 func newRolloutCmd(o *options) *cobra.Command {
 	r := &rolloutOptions{}
 	var cmd *cobra.Command
 	cmd = &cobra.Command{
-		Use:   "rollout DRIVER (-l SELECTOR | NODE... | --needs-reboot)",
+		Use:   "rollout DRIVER (-l SELECTOR | NODE... | --needs-reboot | --needs-gpu-reset)",
 		Short: "Run a driver's transition on many nodes, at most N at a time",
 		Long: `Run DRIVER on every selected node under a disruption budget.
 
@@ -71,11 +93,19 @@ default group is <driver>-<hash of the node list or of the selector>; pass
 arguments nor -l are given), exactly those whose agent reports the Node
 condition RebootRequired=True (its reboot-required sentinel); none: the
 command says so and exits 0. Its default group hashes the selector, not the
-node list, so that running it again resumes the same rollout.`,
+node list, so that running it again resumes the same rollout.
+
+--needs-gpu-reset does the same with GPUResetRequired=True (a GPU's
+recovery action, a pending row remap, a reset-class XID). For the
+gpu-reset driver each node's event then gets gpus=<the indices its
+condition names> unless --param gpus=... is given (a condition whose list
+was cut, ",More", gets gpus=all), and drain=true when a GPU's recovery
+action is DRAIN_AND_RESET unless --param drain=... is given.`,
 		Example: `  kubectl lifecycle rollout drain -l rack=r12 --max-concurrent 2 --wait
   kubectl lifecycle rollout reboot node-a node-b node-c --max-concurrent 1 --max-failures 1 --wait
   kubectl lifecycle rollout uncordon -l rack=r12 --max-concurrent 5 --group rack-r12-uncordon --wait
-  kubectl lifecycle rollout reboot --needs-reboot --max-concurrent 1 --wait`,
+  kubectl lifecycle rollout reboot --needs-reboot --max-concurrent 1 --wait
+  kubectl lifecycle rollout gpu-reset --needs-gpu-reset --max-concurrent 2 --wait`,
 		Args: argsBetween(1, -1),
 		RunE: o.runE(func(ctx context.Context, args []string) error {
 			if !r.wait && cmd.Flags().Changed("max-failures") {
@@ -94,6 +124,8 @@ node list, so that running it again resumes the same rollout.`,
 	f.StringArrayVar(&r.params, "param", nil, "Driver parameter NAME=VALUE for every node's event (repeatable)")
 	f.BoolVar(&r.retryFailed, "retry-failed", false, "Delete this rollout's failed events and run those nodes again")
 	f.BoolVar(&r.needsReboot, "needs-reboot", false, "Only the selected nodes (default: all) that report RebootRequired=True")
+	f.BoolVar(&r.needsGPUReset, "needs-gpu-reset", false, "Only the selected nodes (default: all) that report GPUResetRequired=True")
+	cmd.MarkFlagsMutuallyExclusive("needs-reboot", "needs-gpu-reset")
 	return cmd
 }
 
@@ -113,9 +145,13 @@ type rolloutNode struct {
 	// LifecycleTransition condition says it succeeded.
 	doneByNode bool
 	reported   bool
-	// stale: with --needs-reboot, this rollout's finished event of a node
-	// that needs a reboot again since; deleted and run again.
+	// stale: with --needs-reboot (--needs-gpu-reset), this rollout's
+	// finished event of a node that needs a reboot (reset) again since;
+	// deleted and run again.
 	stale *v1alpha1.LifecycleEvent
+	// params of this node's event: the rollout's, with --needs-gpu-reset
+	// and the gpu-reset driver the node's gpus.
+	params map[string]string
 }
 
 // observe records the latest version of the node's event.
@@ -224,32 +260,62 @@ func rolloutEventName(group, node, short string) string {
 // doneOnNode reports whether the Node's LifecycleTransition condition says
 // that event reached end: the trace a finished event leaves once the agent
 // deleted it (eventRetention).
-func doneOnNode(node *corev1.Node, event, end string, needsReboot bool) bool {
+func doneOnNode(node *corev1.Node, event, end, need string) bool {
 	for _, c := range node.Status.Conditions {
 		if string(c.Type) == v1alpha1.NodeConditionLifecycleTransition {
 			done := c.Status == corev1.ConditionFalse && c.Reason == end && strings.Contains(c.Message, "(event "+event+")")
-			// With --needs-reboot a need that came back after it ended
-			// is work again.
-			return done && !(needsReboot && needBackSince(node, &c.LastTransitionTime))
+			// With --needs-reboot (--needs-gpu-reset) a need that came
+			// back after it ended is work again.
+			return done && !(need != "" && needBackSince(node, need, &c.LastTransitionTime))
 		}
 	}
 	return false
 }
 
-// needBackSince says whether the node's RebootRequired=True began after t
-// (the end of an earlier reboot of the same rollout). Both are whole
-// seconds on the API: a need back within the second the reboot ended is
-// taken for the same need, so that one need never gets two reboots.
-func needBackSince(node *corev1.Node, t *metav1.Time) bool {
+// needBackSince says whether the node's need condition (RebootRequired,
+// GPUResetRequired) turned True after t (the end of an earlier event of
+// the same rollout). Both are whole seconds on the API: a need back within
+// the second the event ended is taken for the same need, so that one need
+// never gets two events.
+func needBackSince(node *corev1.Node, need string, t *metav1.Time) bool {
 	if t == nil {
 		return false
 	}
-	for _, c := range node.Status.Conditions {
-		if string(c.Type) == v1alpha1.NodeConditionRebootRequired {
-			return c.Status == corev1.ConditionTrue && c.LastTransitionTime.After(t.Time)
+	c := nodeCond(node, need)
+	return c != nil && c.Status == corev1.ConditionTrue && c.LastTransitionTime.After(t.Time)
+}
+
+// drainAndReset says whether a GPU of the node asks to be drained before
+// its reset (recovery action DRAIN_AND_RESET, in GPUResetRequired's reason).
+func drainAndReset(node *corev1.Node) bool {
+	c := nodeCond(node, v1alpha1.NodeConditionGPUResetRequired)
+	return c != nil && strings.Contains(c.Reason, ":RecoveryAction_DRAIN_AND_RESET")
+}
+
+// gpusNeedingReset is the gpu-reset driver's gpus parameter for a node
+// whose GPUResetRequired=True names its GPUs in the reason
+// ("GPU3:RecoveryAction_GPU_RESET,GPU5:RemappedRowsPending" → "3,5"); a
+// reason cut short (",More") or unreadable gives "all".
+func gpusNeedingReset(node *corev1.Node) string {
+	c := nodeCond(node, v1alpha1.NodeConditionGPUResetRequired)
+	if c == nil {
+		return "all"
+	}
+	var idx []string
+	for _, part := range strings.Split(c.Reason, ",") {
+		gpu, _, ok := strings.Cut(part, ":")
+		n, err := strconv.Atoi(strings.TrimPrefix(gpu, "GPU"))
+		if !ok || !strings.HasPrefix(gpu, "GPU") || err != nil || n < 0 {
+			return "all"
+		}
+		if s := strconv.Itoa(n); !slices.Contains(idx, s) {
+			idx = append(idx, s)
 		}
 	}
-	return false
+	if len(idx) == 0 {
+		return "all"
+	}
+	return strings.Join(idx, ",")
 }
 
 func (o *options) rollout(ctx context.Context, driver string, nodeArgs []string, r *rolloutOptions) error {
@@ -260,8 +326,8 @@ func (o *options) rollout(ctx context.Context, driver string, nodeArgs []string,
 		return usageErr("--max-failures %d: want 0 (no limit) or more", r.maxFailures)
 	case r.selector != "" && len(nodeArgs) > 0:
 		return usageErr("rollout takes NODE arguments or -l SELECTOR (one of the two)")
-	case r.selector == "" && len(nodeArgs) == 0 && !r.needsReboot:
-		return usageErr("rollout takes NODE arguments, -l SELECTOR or --needs-reboot")
+	case r.selector == "" && len(nodeArgs) == 0 && r.need() == "":
+		return usageErr("rollout takes NODE arguments, -l SELECTOR, --needs-reboot or --needs-gpu-reset")
 	case r.group != "" && (len(r.group) > maxGroupLen || !groupRE.MatchString(r.group)):
 		return usageErr("--group %q: want at most %d lowercase letters, digits and '-', starting and ending with a letter or digit", r.group, maxGroupLen)
 	}
@@ -314,26 +380,30 @@ func (o *options) rollout(ctx context.Context, driver string, nodeArgs []string,
 			nodeObjs[name] = n
 		}
 	}
-	if r.needsReboot {
+	if need := r.need(); need != "" {
 		for name, n := range nodeObjs {
-			if !rebootRequired(n) {
+			if c := nodeCond(n, need); c == nil || c.Status != corev1.ConditionTrue {
 				delete(nodeObjs, name)
 			}
 		}
 		if len(nodeObjs) == 0 {
-			fmt.Fprintf(o.out, "no selected node reports %s=True: nothing to do\n", v1alpha1.NodeConditionRebootRequired)
+			fmt.Fprintf(o.out, "no selected node reports %s=True: nothing to do\n", need)
 			return nil
 		}
 	}
 	names := sortedKeys(nodeObjs)
 	group := r.group
 	switch {
-	case group == "" && r.needsReboot:
+	case group == "" && r.need() != "":
 		// The set shrinks as nodes reboot: name the rollout by what
 		// selects it, so that running it again adopts its events.
 		args := append([]string(nil), nodeArgs...)
 		sort.Strings(args)
-		group = defaultGroup(short, nil, "needs-reboot;"+selector+";"+strings.Join(args, ","))
+		flag := "needs-reboot"
+		if r.needsGPUReset {
+			flag = "needs-gpu-reset"
+		}
+		group = defaultGroup(short, nil, flag+";"+selector+";"+strings.Join(args, ","))
 	case group == "":
 		group = defaultGroup(short, names, selector)
 	}
@@ -349,14 +419,24 @@ func (o *options) rollout(ctx context.Context, driver string, nodeArgs []string,
 	}
 	nodes := make([]*rolloutNode, 0, len(names))
 	for _, name := range names {
-		n := &rolloutNode{node: name, event: rolloutEventName(group, name, short)}
+		n := &rolloutNode{node: name, event: rolloutEventName(group, name, short), params: params}
+		if _, given := params[gpuResetParamGPUs]; r.needsGPUReset && short == "gpu-reset" && !given {
+			n.params = maps.Clone(params)
+			if n.params == nil {
+				n.params = map[string]string{}
+			}
+			n.params[gpuResetParamGPUs] = gpusNeedingReset(nodeObjs[name])
+			if _, given := params[gpuResetParamDrain]; !given && drainAndReset(nodeObjs[name]) {
+				n.params[gpuResetParamDrain] = "true"
+			}
+		}
 		if ev := byName[n.event]; ev != nil {
 			if ev.Spec.BindingNode != name || ev.Spec.TransitionName != name+"-"+short {
 				return fail(exitFailed, "lifecycleevent %s exists but runs %s on node %s, not %s-%s: choose another --group",
 					ev.Name, ev.Spec.TransitionName, ev.Spec.BindingNode, name, short)
 			}
-			o.warnDiffers(ev, params, r.maxConcurrent)
-			if r.needsReboot && needBackSince(nodeObjs[name], ev.Status.CompletionTime) {
+			o.warnDiffers(ev, n.params, r.maxConcurrent)
+			if need := r.need(); need != "" && needBackSince(nodeObjs[name], need, ev.Status.CompletionTime) {
 				// Its reboot is done and the node needs another: run
 				// it again, as --retry-failed does a failed one.
 				n.stale = ev
@@ -375,7 +455,7 @@ func (o *options) rollout(ctx context.Context, driver string, nodeArgs []string,
 		fmt.Fprintf(o.out, ", max-failures %d", r.maxFailures)
 	}
 	fmt.Fprintln(o.out)
-	if err := o.deleteFinished(ctx, cl, nodes, r.retryFailed); err != nil {
+	if err := o.deleteFinished(ctx, cl, nodes, r.retryFailed, r.need()); err != nil {
 		return err
 	}
 	// Every node still to start needs the transition; a node whose event
@@ -393,7 +473,7 @@ func (o *options) rollout(ctx context.Context, driver string, nodeArgs []string,
 		if err != nil {
 			return fmt.Errorf("get LifecycleTransition %s-%s: %w", n.node, short, err)
 		}
-		n.doneByNode = doneOnNode(nodeObjs[n.node], n.event, string(lt.Spec.End), r.needsReboot)
+		n.doneByNode = doneOnNode(nodeObjs[n.node], n.event, string(lt.Spec.End), r.need())
 	}
 	if len(missing) > 0 {
 		return usageErr("no transition <node>-%s published for %d node(s): %s (see 'kubectl lifecycle transitions NODE'; is lifecycle-agent running there with driver %s enabled?)",
@@ -423,9 +503,9 @@ func (o *options) warnDiffers(ev *v1alpha1.LifecycleEvent, params map[string]str
 // failed ones with --retry-failed, those of nodes whose need came back
 // (stale) — and waits until they are gone (they have no finalizer any
 // more), so their nodes start again.
-func (o *options) deleteFinished(ctx context.Context, cl *clients, nodes []*rolloutNode, retryFailed bool) error {
+func (o *options) deleteFinished(ctx context.Context, cl *clients, nodes []*rolloutNode, retryFailed bool, need string) error {
 	for _, n := range nodes {
-		ev, why := n.stale, fmt.Sprintf("it needs a reboot again since its event %s ended", n.event)
+		ev, why := n.stale, fmt.Sprintf("it reports %s=True again since its event %s ended", need, n.event)
 		if ev == nil {
 			if !retryFailed || !n.failed() {
 				continue
@@ -477,7 +557,7 @@ func (ro *rolloutRun) line(format string, args ...any) {
 func (ro *rolloutRun) create(ctx context.Context, n *rolloutNode) error {
 	ev := &v1alpha1.LifecycleEvent{
 		ObjectMeta: metav1.ObjectMeta{Name: n.event, Labels: map[string]string{labelRollout: ro.group, labelManagedBy: managedBy}},
-		Spec: v1alpha1.LifecycleEventSpec{TransitionName: n.node + "-" + ro.short, BindingNode: n.node, Parameters: ro.params,
+		Spec: v1alpha1.LifecycleEventSpec{TransitionName: n.node + "-" + ro.short, BindingNode: n.node, Parameters: n.params,
 			Disruption: &v1alpha1.DisruptionBudget{Group: ro.group, MaxConcurrent: int32(ro.r.maxConcurrent)}},
 	}
 	created, err := ro.cl.lc.Events.Create(ctx, ev, metav1.CreateOptions{FieldManager: managedBy})
@@ -660,12 +740,12 @@ func sortedKeys[V any](m map[string]V) []string {
 	return out
 }
 
-// rebootRequired says whether the node's agent reports RebootRequired=True.
-func rebootRequired(n *corev1.Node) bool {
-	for _, c := range n.Status.Conditions {
-		if string(c.Type) == v1alpha1.NodeConditionRebootRequired {
-			return c.Status == corev1.ConditionTrue
+// nodeCond is the node's condition of that type, nil when it has none.
+func nodeCond(n *corev1.Node, typ string) *corev1.NodeCondition {
+	for i := range n.Status.Conditions {
+		if string(n.Status.Conditions[i].Type) == typ {
+			return &n.Status.Conditions[i]
 		}
 	}
-	return false
+	return nil
 }

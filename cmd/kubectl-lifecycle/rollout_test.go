@@ -8,11 +8,14 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/lifecycle-agent/lifecycle-agent/api/v1alpha1"
+	"github.com/lifecycle-agent/lifecycle-agent/internal/drivers"
+	"github.com/lifecycle-agent/lifecycle-agent/internal/gpuhealth"
 )
 
 func ev(status v1alpha1.LifecycleEventClaimStatus, finalizer bool) *v1alpha1.LifecycleEvent {
@@ -204,7 +207,8 @@ func TestUsageErrors(t *testing.T) {
 		{name: "bad param", args: []string{"run", "drain", "n1", "--param", "novalue"}, want: "want NAME=VALUE"},
 		{name: "bad flag", args: []string{"status", "--no-such-flag"}, want: "unknown flag"},
 		{name: "bad output", args: []string{"status", "-o", "xml"}, want: "-o xml"},
-		{name: "rollout needs nodes, a selector or a need", args: []string{"rollout", "drain"}, want: "rollout takes NODE arguments, -l SELECTOR or --needs-reboot"},
+		{name: "rollout needs nodes, a selector or a need", args: []string{"rollout", "drain"}, want: "rollout takes NODE arguments, -l SELECTOR, --needs-reboot or --needs-gpu-reset"},
+		{name: "one need at a time", args: []string{"rollout", "reboot", "--needs-reboot", "--needs-gpu-reset"}, want: "if any flags in the group [needs-reboot needs-gpu-reset] are set none of the others can be"},
 		{name: "rollout nodes and a selector", args: []string{"rollout", "drain", "n1", "-l", "rack=r1"}, want: "NODE arguments or -l SELECTOR (one of the two)"},
 		{name: "rollout max-failures without wait", args: []string{"rollout", "drain", "n1", "--max-failures", "2"}, want: "--max-failures needs --wait"},
 		{name: "rollout bad group", args: []string{"rollout", "drain", "n1", "--group", "Rack_12"}, want: "--group"},
@@ -261,5 +265,42 @@ func TestProgressLines(t *testing.T) {
 		if !strings.Contains(got, want) {
 			t.Errorf("output lacks %q:\n%s", want, got)
 		}
+	}
+}
+
+// gpusNeedingReset reads back the indices the GPU monitor writes into
+// GPUResetRequired's reason (gpuhealth.NeedCondition), and falls back to
+// all GPUs when the reason was cut or cannot be read; the parameter is the
+// driver's.
+func TestGPUsNeedingReset(t *testing.T) {
+	if gpuResetParamGPUs != drivers.GPUResetParamGPUs || gpuResetParamDrain != drivers.GPUResetParamDrain {
+		t.Fatalf("parameters %q and %q, the driver's are %q and %q", gpuResetParamGPUs, gpuResetParamDrain, drivers.GPUResetParamGPUs, drivers.GPUResetParamDrain)
+	}
+	monitor := gpuhealth.NeedCondition(gpuhealth.NeedReset, gpuhealth.Needs{gpuhealth.NeedReset: {
+		{Index: 3, UUID: "GPU-a", Causes: []string{"RecoveryAction_GPU_RESET", "RemappedRowsPending"}},
+		{Index: 12, UUID: "GPU-b", Causes: []string{"XID48"}},
+	}}, 16)
+	var many []gpuhealth.GPUNeed
+	for i := range 64 {
+		many = append(many, gpuhealth.GPUNeed{Index: i, UUID: "GPU-x", Causes: []string{"RemappedRowsPending"}})
+	}
+	cut := gpuhealth.NeedCondition(gpuhealth.NeedReset, gpuhealth.Needs{gpuhealth.NeedReset: many}, 64)
+	for _, tc := range []struct {
+		name, reason, want string
+	}{
+		{"from the monitor", monitor.Reason, "3,12"},
+		{"cut short", cut.Reason, "all"},
+		{"not ours", "SomethingElse", "all"},
+		{"no condition", "", "all"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n := &corev1.Node{}
+			if tc.reason != "" {
+				n.Status.Conditions = []corev1.NodeCondition{{Type: v1alpha1.NodeConditionGPUResetRequired, Status: corev1.ConditionTrue, Reason: tc.reason}}
+			}
+			if got := gpusNeedingReset(n); got != tc.want {
+				t.Errorf("gpusNeedingReset(reason %q) = %q, want %q", tc.reason, got, tc.want)
+			}
+		})
 	}
 }

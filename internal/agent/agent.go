@@ -250,11 +250,12 @@ func Run(ctx context.Context, o Options) error {
 	case logind != nil:
 		log.Warn("the shutdown driver is off (drivers.shutdown.enabled=false): no delay lock is held, a shutdown is not handled")
 	}
-	if gpu != nil {
-		gpu.startMonitor(ctx, cfg, api, hostOps.BootID(), reg, log, clk)
-	}
-	if err := startNeeds(ctx, cfg, api, reg, log, clk); err != nil {
+	reboot, err := startNeeds(ctx, cfg, api, gpu != nil, reg, log, clk)
+	if err != nil {
 		return err
+	}
+	if gpu != nil {
+		gpu.startMonitor(ctx, cfg, api, hostOps.BootID(), reboot, reg, log, clk)
 	}
 	notify("READY", fmt.Sprintf("journal replayed: %d unfinished event(s)", len(unfinished)))
 	if o.Ready != nil {
@@ -319,21 +320,22 @@ func withoutLogindDrivers(ctx context.Context, drv []drivers.Driver, logind *hos
 }
 
 // startNeeds starts the reboot-required detector (internal/needs) unless
-// both its sentinels are off.
-func startNeeds(ctx context.Context, cfg *config.Config, api *apiclient.Client, reg prometheus.Registerer, log *slog.Logger, clk clock.Clock) error {
+// both its sentinels are off and there are no GPUs to ask for a reboot
+// (gpu: the GPU monitor runs and reports its cause); nil when off.
+func startNeeds(ctx context.Context, cfg *config.Config, api *apiclient.Client, gpu bool, reg prometheus.Registerer, log *slog.Logger, clk clock.Clock) (*needs.Reboot, error) {
 	nc := needs.Config{
 		SentinelFile: cfg.Needs.Reboot.SentinelFile, SentinelCommand: cfg.Needs.Reboot.SentinelCommand,
-		CommandTimeout: cfg.Needs.Reboot.CommandTimeout, Interval: cfg.Needs.Reboot.Interval,
+		CommandTimeout: cfg.Needs.Reboot.CommandTimeout, Interval: cfg.Needs.Reboot.Interval, GPU: gpu,
 		Sink: api, Registerer: reg, Clock: clk, Log: log,
 	}
 	if !nc.Enabled() {
-		log.Info("reboot-required detection is off (needs.reboot.sentinelFile and sentinelCommand are empty)")
-		return nil
+		log.Info("reboot-required detection is off (needs.reboot.sentinelFile and sentinelCommand are empty, no GPUs)")
+		return nil, nil
 	}
 	r, err := needs.NewReboot(nc)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	go r.Run(ctx)
-	return nil
+	return r, nil
 }

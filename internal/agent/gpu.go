@@ -15,6 +15,7 @@ import (
 	"github.com/lifecycle-agent/lifecycle-agent/internal/devices"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/drivers"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/gpuhealth"
+	"github.com/lifecycle-agent/lifecycle-agent/internal/needs"
 )
 
 // gpuStack is NVML, the gpu-reset driver and the GPU health monitor. On a
@@ -63,14 +64,19 @@ func newGPUStack(cfg *config.Config, api *apiclient.Client, log *slog.Logger, cl
 	return g
 }
 
-// startMonitor publishes GPUHealthy and the GPU gauges until ctx ends.
-func (g *gpuStack) startMonitor(ctx context.Context, cfg *config.Config, api *apiclient.Client, bootID string, reg prometheus.Registerer, log *slog.Logger, clk clock.Clock) {
-	m, err := gpuhealth.New(gpuhealth.Config{Node: cfg.NodeName, Devices: g.mgr, Conditions: api, Registerer: reg, Clock: clk, Log: log,
+// startMonitor publishes GPUHealthy, the GPU needs and the GPU gauges
+// until ctx ends; the GPUs' reboot cause goes to reboot (nil: nowhere).
+func (g *gpuStack) startMonitor(ctx context.Context, cfg *config.Config, api *apiclient.Client, bootID string, reboot *needs.Reboot, reg prometheus.Registerer, log *slog.Logger, clk clock.Clock) {
+	gc := gpuhealth.Config{Node: cfg.NodeName, Devices: g.mgr, Conditions: api, Registerer: reg, Clock: clk, Log: log,
 		AutoRemediate: cfg.GPU.AutoRemediate, BootID: bootID,
 		CreateEvent: func(ctx context.Context, ev *v1alpha1.LifecycleEvent) error {
 			_, err := api.LC.Events.Create(ctx, ev, metav1.CreateOptions{})
 			return err
-		}})
+		}}
+	if reboot != nil {
+		gc.RebootNeed = reboot.SetGPUCause
+	}
+	m, err := gpuhealth.New(gc)
 	if err != nil {
 		log.Error("GPU health monitor not started", "err", err)
 		return

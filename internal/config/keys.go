@@ -160,7 +160,8 @@ var keys = []*key{
 		doc: "While this file exists the node needs a reboot, as kured's --reboot-sentinel: the Node " +
 			"condition RebootRequired is True (reason SentinelFile, the message lists <file>.pkgs) and " +
 			"lifecycle_agent_reboot_required is 1. Debian's package scripts create the default. Empty, with " +
-			"no needs.reboot.sentinelCommand: no reboot-required detection and no RebootRequired condition.",
+			"no needs.reboot.sentinelCommand: no sentinel; RebootRequired then says only what the GPUs ask " +
+			"(none on a node without GPUs).",
 		field: func(c *Config) any { return &c.Needs.Reboot.SentinelFile },
 	},
 	{

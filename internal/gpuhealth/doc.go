@@ -34,6 +34,24 @@
 // reason), capped at MaxReasonLength bytes with ",More" when cut; the
 // message has the UUIDs and the read errors (devices caps it at 1024 bytes).
 //
+// # Needs (issue 15.1)
+//
+// Each evaluation also reads what the GPUs ask of the node (NeedsOf:
+// reset, reboot, replacement, from the recovery action, the pending
+// remaps, a lost GPU and the latched XIDs by class) and writes, in the
+// same patch as GPUHealthy and only when they changed:
+//
+//	GPUResetRequired        True GPU<index>:<cause>[,…] | False NotRequired | Unknown NVMLError
+//	GPUReplacementRequired  True GPU<index>:<cause>[,…] | False NotRequired | Unknown NVMLError
+//
+// The reboot need goes to internal/needs (Config.RebootNeed), which owns
+// RebootRequired and merges it with the reboot-required sentinel (reason
+// GPUHealth). An unreadable NVML makes the two conditions Unknown and
+// leaves the reboot cause as it was. Per-GPU gauges
+// lifecycle_agent_gpu_reset_required and ..._replacement_required follow.
+// Nothing here acts on a need unless gpu.autoRemediate asks (below); an
+// operator acts with `kubectl lifecycle rollout gpu-reset --needs-gpu-reset`.
+//
 // # Metrics
 //
 // Gauges carry the labels gpu (UUID; empty when NVML cannot name the GPU)

@@ -16,6 +16,8 @@ type Metrics struct {
 	RemappedRowsPending    *prometheus.GaugeVec
 	RetiredPagesPending    *prometheus.GaugeVec
 	ECCVolatileUncorrected *prometheus.GaugeVec
+	ResetRequired          *prometheus.GaugeVec
+	ReplacementRequired    *prometheus.GaugeVec
 	XIDEvents              *prometheus.CounterVec
 
 	mu     sync.Mutex
@@ -36,12 +38,16 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			"1 when page retirement waits for a GPU reset; absent when not supported."),
 		ECCVolatileUncorrected: gauge("lifecycle_agent_gpu_ecc_volatile_uncorrected",
 			"Uncorrected ECC errors since the driver loaded or the GPU was reset; absent when not supported."),
+		ResetRequired: gauge("lifecycle_agent_gpu_reset_required",
+			"1 when the GPU asks for a reset (the GPUResetRequired need), 0 when not."),
+		ReplacementRequired: gauge("lifecycle_agent_gpu_replacement_required",
+			"1 when the GPU is failing and needs service (the GPUReplacementRequired need), 0 when not."),
 		XIDEvents: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "lifecycle_agent_gpu_xid_events_total",
 			Help: "Critical XID events seen by the watcher (application XIDs excluded)."}, []string{"gpu", "xid"}),
 		series: map[string]prometheus.Labels{},
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.Healthy, m.RemappedRowsPending, m.RetiredPagesPending, m.ECCVolatileUncorrected, m.XIDEvents} {
+		for _, c := range []prometheus.Collector{m.Healthy, m.RemappedRowsPending, m.RetiredPagesPending, m.ECCVolatileUncorrected, m.ResetRequired, m.ReplacementRequired, m.XIDEvents} {
 			if err := reg.Register(c); err != nil {
 				return nil, fmt.Errorf("gpuhealth: registering metrics: %w", err)
 			}
@@ -51,7 +57,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 }
 
 func (m *Metrics) gauges() []*prometheus.GaugeVec {
-	return []*prometheus.GaugeVec{m.Healthy, m.RemappedRowsPending, m.RetiredPagesPending, m.ECCVolatileUncorrected}
+	return []*prometheus.GaugeVec{m.Healthy, m.RemappedRowsPending, m.RetiredPagesPending, m.ECCVolatileUncorrected, m.ResetRequired, m.ReplacementRequired}
 }
 
 func b2f(b bool) float64 {
@@ -63,18 +69,28 @@ func b2f(b bool) float64 {
 
 // update sets the gauges from a snapshot and its verdict and drops the
 // series of GPUs no longer present (or renumbered).
-func (m *Metrics) update(s devices.Snapshot, r devices.HealthReport) {
+func (m *Metrics) update(s devices.Snapshot, r devices.HealthReport, needs Needs) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	health := map[int]devices.GPUHealth{}
 	for _, h := range r.GPUs {
 		health[h.Index] = h
 	}
+	has := func(n Need, index int) bool {
+		for _, g := range needs[n] {
+			if g.Index == index {
+				return true
+			}
+		}
+		return false
+	}
 	now := map[string]prometheus.Labels{}
 	for _, g := range s.GPUs {
 		l := prometheus.Labels{"gpu": g.UUID, "index": strconv.Itoa(g.Index)}
 		now[g.UUID+"/"+l["index"]] = l
 		m.Healthy.With(l).Set(b2f(health[g.Index].Healthy))
+		m.ResetRequired.With(l).Set(b2f(has(NeedReset, g.Index)))
+		m.ReplacementRequired.With(l).Set(b2f(has(NeedReplace, g.Index)))
 		set := func(v *prometheus.GaugeVec, known bool, val float64) {
 			if known {
 				v.With(l).Set(val)

@@ -82,6 +82,10 @@ type Config struct {
 	// TransitionName of this node's gpu-reset transition; "" means
 	// <Node>-gpu-reset.
 	TransitionName string
+	// RebootNeed, when set, receives the GPUs' part of RebootRequired
+	// (RebootCause: "" when no GPU asks for a reboot) after each
+	// evaluation that changed it, and once after the first.
+	RebootNeed func(ctx context.Context, cause string)
 }
 
 // Monitor is the GPU health loop. Run it once; Check and Rewatch may be
@@ -98,11 +102,12 @@ type Monitor struct {
 	paused  bool
 	running bool
 
-	mu        sync.Mutex // serializes evaluations
-	published *apiclient.NodeCondition
-	last      devices.HealthReport
-	requested map[string]bool // event names created or found existing
-	lastLog   map[string]time.Time
+	mu          sync.Mutex                         // serializes evaluations
+	published   map[string]apiclient.NodeCondition // by type: the last written successfully
+	rebootCause *string                            // the last cause given to RebootNeed
+	last        devices.HealthReport
+	requested   map[string]bool // event names created or found existing
+	lastLog     map[string]time.Time
 }
 
 // New validates cfg and registers the metrics.
@@ -145,6 +150,7 @@ func New(cfg Config) (*Monitor, error) {
 	return &Monitor{
 		cfg: cfg, log: cfg.Log.With("node", cfg.Node), clk: cfg.Clock, metrics: met,
 		rewatch: make(chan struct{}, 1), pauseReq: make(chan chan struct{}), requested: map[string]bool{}, lastLog: map[string]time.Time{},
+		published: map[string]apiclient.NodeCondition{},
 	}, nil
 }
 
@@ -322,40 +328,67 @@ func (m *Monitor) Check(ctx context.Context) devices.HealthReport {
 	}
 	s, err := m.cfg.Devices.Snapshot()
 	var rep devices.HealthReport
+	var conds []apiclient.NodeCondition
 	if err != nil {
 		m.metrics.forgetAll()
 		rep = devices.HealthReport{At: m.clk.Now(), Condition: devices.Condition{Type: devices.ConditionType,
 			Status: devices.ConditionUnknown, Reason: devices.ReasonNVMLError, Message: err.Error()}}
 		m.warn("snapshot", "reading the GPUs failed", "err", err)
+		// The reboot cause stays as last read: an unreadable NVML neither
+		// raises nor clears it.
+		conds = []apiclient.NodeCondition{NodeCondition(rep), NVMLUnknown(NeedReset, err), NVMLUnknown(NeedReplace, err)}
 	} else {
 		rep = devices.Evaluate(s)
-		m.metrics.update(s, rep)
+		needs := NeedsOf(s)
+		m.metrics.update(s, rep, needs)
 		for _, g := range s.GPUs {
 			if g.UUID != "" {
 				m.remediate(ctx, g.UUID, g.RecoveryAction)
 			}
 		}
+		conds = []apiclient.NodeCondition{NodeCondition(rep),
+			NeedCondition(NeedReset, needs, len(s.GPUs)), NeedCondition(NeedReplace, needs, len(s.GPUs))}
+		m.rebootNeed(ctx, RebootCause(needs, len(s.GPUs)))
 	}
-	m.publish(ctx, NodeCondition(rep))
+	m.publish(ctx, conds...)
 	m.last = rep
 	return rep
 }
 
-// publish writes c when it differs from the last condition written.
-func (m *Monitor) publish(ctx context.Context, c apiclient.NodeCondition) {
-	if m.published != nil && *m.published == c {
+// rebootNeed hands the GPUs' reboot cause to Config.RebootNeed when it
+// changed (and the first time).
+func (m *Monitor) rebootNeed(ctx context.Context, cause string) {
+	if m.cfg.RebootNeed == nil || (m.rebootCause != nil && *m.rebootCause == cause) {
 		return
 	}
-	if err := m.cfg.Conditions.SetNodeConditions(ctx, m.clk.Now(), c); err != nil {
-		m.warn("publish", "writing the GPUHealthy condition failed; retrying at the next evaluation", "err", err)
+	m.cfg.RebootNeed(ctx, cause)
+	m.rebootCause = &cause
+}
+
+// publish writes, in one patch, those of conds that differ from the last
+// ones written.
+func (m *Monitor) publish(ctx context.Context, conds ...apiclient.NodeCondition) {
+	var changed []apiclient.NodeCondition
+	for _, c := range conds {
+		if old, ok := m.published[c.Type]; !ok || old != c {
+			changed = append(changed, c)
+		}
+	}
+	if len(changed) == 0 {
 		return
 	}
-	from := "none"
-	if m.published != nil {
-		from = string(m.published.Status) + "/" + m.published.Reason
+	if err := m.cfg.Conditions.SetNodeConditions(ctx, m.clk.Now(), changed...); err != nil {
+		m.warn("publish", "writing the GPU conditions failed; retrying at the next evaluation", "err", err)
+		return
 	}
-	m.log.Info("GPUHealthy condition", "from", from, "to", string(c.Status)+"/"+c.Reason, "message", c.Message)
-	m.published = &c
+	for _, c := range changed {
+		from := "none"
+		if old, ok := m.published[c.Type]; ok {
+			from = string(old.Status) + "/" + old.Reason
+		}
+		m.log.Info(c.Type+" condition", "from", from, "to", string(c.Status)+"/"+c.Reason, "message", c.Message)
+		m.published[c.Type] = c
+	}
 }
 
 // remediate requests a gpu-reset event when the action calls for one and

@@ -50,18 +50,35 @@ func (s *sink) SetNodeConditions(_ context.Context, now time.Time, conds ...apic
 	if s.fail != nil {
 		return s.fail
 	}
+	for _, c := range conds {
+		if !reasonPattern.MatchString(c.Reason) {
+			return fmt.Errorf("condition %s: invalid reason %q", c.Type, c.Reason) // as the API server's validation
+		}
+	}
 	s.got = append(s.got, conds...)
 	s.times = append(s.times, now)
 	for _, c := range conds {
-		s.ch <- c
+		if c.Type == devices.ConditionType {
+			s.ch <- c
+		}
 	}
 	return nil
 }
 
-func (s *sink) all() []apiclient.NodeCondition {
+// all is every GPUHealthy condition written, in order.
+func (s *sink) all() []apiclient.NodeCondition { return s.ofType(devices.ConditionType) }
+
+// ofType is every condition of that type written, in order.
+func (s *sink) ofType(typ string) []apiclient.NodeCondition {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return append([]apiclient.NodeCondition(nil), s.got...)
+	var out []apiclient.NodeCondition
+	for _, c := range s.got {
+		if c.Type == typ {
+			out = append(out, c)
+		}
+	}
+	return out
 }
 
 func (s *sink) setFail(err error) {
@@ -534,5 +551,123 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 			t.Fatalf("timed out waiting for %s", what)
 		case <-tick.C:
 		}
+	}
+}
+
+// The GPUs' needs (issue 15.1): a reset, a replacement and a reboot, each
+// from what the driver reports, each set and cleared as it comes and goes,
+// written only when it changed, as conditions, per-GPU gauges and the
+// reboot cause handed to internal/needs; an unreadable NVML makes the
+// conditions Unknown and leaves the reboot cause alone.
+func TestNeeds(t *testing.T) {
+	var mu sync.Mutex
+	var causes []string
+	e := newEnv(t, devicestest.DGXH100, func(c *Config) {
+		c.RebootNeed = func(_ context.Context, cause string) {
+			mu.Lock()
+			defer mu.Unlock()
+			causes = append(causes, cause)
+		}
+	})
+	ctx := context.Background()
+	rebootCauses := func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]string(nil), causes...)
+	}
+	cond := func(typ string) apiclient.NodeCondition {
+		t.Helper()
+		got := e.sink.ofType(typ)
+		if len(got) == 0 {
+			t.Fatalf("no %s written", typ)
+		}
+		return got[len(got)-1]
+	}
+	e.mon.Check(ctx)
+	e.mon.Check(ctx)
+	for _, typ := range []string{v1alpha1.NodeConditionGPUResetRequired, v1alpha1.NodeConditionGPUReplacementRequired} {
+		if got := e.sink.ofType(typ); len(got) != 1 || got[0].Status != corev1.ConditionFalse || got[0].Reason != ReasonNotRequired || !strings.Contains(got[0].Message, "(8 GPUs)") {
+			t.Errorf("%s after two healthy checks: %+v, want one False/NotRequired", typ, got)
+		}
+	}
+	if got := rebootCauses(); len(got) != 1 || got[0] != "" {
+		t.Errorf("reboot causes %q, want one empty (the first evaluation)", got)
+	}
+
+	e.fleet.Set(3, func(g *devicestest.GPU) { g.RecoveryAction = devices.RecoveryActionGPUReset })
+	e.fleet.Set(4, func(g *devicestest.GPU) { g.RemappedRowsPending = true })
+	e.fleet.Set(5, func(g *devicestest.GPU) { g.RemappedRowsFailure = true })
+	e.fleet.Set(6, func(g *devicestest.GPU) { g.RecoveryAction = devices.RecoveryActionNodeReboot })
+	e.mon.Check(ctx)
+	e.mon.Check(ctx)
+	c := cond(v1alpha1.NodeConditionGPUResetRequired)
+	if c.Status != corev1.ConditionTrue || c.Reason != "GPU3:RecoveryAction_GPU_RESET,GPU4:RemappedRowsPending" ||
+		!strings.Contains(c.Message, "2 of 8 GPUs need a reset: "+e.fleet.UUID(3)+" (index 3): RecoveryAction_GPU_RESET; "+e.fleet.UUID(4)) {
+		t.Errorf("GPUResetRequired %+v", c)
+	}
+	c = cond(v1alpha1.NodeConditionGPUReplacementRequired)
+	if c.Status != corev1.ConditionTrue || c.Reason != "GPU5:RemappedRowsFailure" || !strings.Contains(c.Message, "1 of 8 GPUs needs a replacement: "+e.fleet.UUID(5)) {
+		t.Errorf("GPUReplacementRequired %+v", c)
+	}
+	if got := rebootCauses(); len(got) != 2 || !strings.Contains(got[1], e.fleet.UUID(6)+" (index 6): RecoveryAction_NODE_REBOOT") {
+		t.Errorf("reboot causes %q, want a second naming GPU 6", got)
+	}
+	for i, want := range map[int][2]float64{3: {1, 0}, 4: {1, 0}, 5: {0, 1}, 6: {0, 0}, 0: {0, 0}} {
+		r, _ := e.metric(t, "lifecycle_agent_gpu_reset_required", e.labels(i))
+		p, _ := e.metric(t, "lifecycle_agent_gpu_replacement_required", e.labels(i))
+		if r != want[0] || p != want[1] {
+			t.Errorf("GPU %d: reset_required %v, replacement_required %v; want %v", i, r, p, want)
+		}
+	}
+	if n := len(e.sink.ofType(v1alpha1.NodeConditionGPUResetRequired)); n != 2 {
+		t.Errorf("GPUResetRequired written %d times for two states", n)
+	}
+
+	e.devs.mu.Lock()
+	e.devs.snapshotErr = errors.New("devices: DeviceGetCount: ERROR_UNKNOWN")
+	e.devs.mu.Unlock()
+	e.mon.Check(ctx)
+	if c := cond(v1alpha1.NodeConditionGPUResetRequired); c.Status != corev1.ConditionUnknown || c.Reason != ReasonNVMLError {
+		t.Errorf("GPUResetRequired while NVML fails: %+v", c)
+	}
+	if got := rebootCauses(); len(got) != 2 {
+		t.Errorf("reboot causes %q: an unreadable NVML changed them", got)
+	}
+	e.devs.mu.Lock()
+	e.devs.snapshotErr = nil
+	e.devs.mu.Unlock()
+
+	e.fleet.SetAll(func(g *devicestest.GPU) {
+		*g = devicestest.GPU{RecoveryAction: devices.RecoveryActionNone, FabricState: devices.FabricCompleted}
+	})
+	e.mon.Check(ctx)
+	for _, typ := range []string{v1alpha1.NodeConditionGPUResetRequired, v1alpha1.NodeConditionGPUReplacementRequired} {
+		if c := cond(typ); c.Status != corev1.ConditionFalse || c.Reason != ReasonNotRequired {
+			t.Errorf("%s after the GPUs healed: %+v", typ, c)
+		}
+	}
+	if got := rebootCauses(); len(got) != 3 || got[2] != "" {
+		t.Errorf("reboot causes %q, want the cause cleared", got)
+	}
+}
+
+// NeedsOf follows NVIDIA's resolutions: latched XIDs by class, a lost GPU
+// asks for a reboot, the fabric-level recovery actions for nothing.
+func TestNeedsOf(t *testing.T) {
+	s := devices.Snapshot{GPUs: []devices.GPUInfo{
+		{Index: 0, UUID: "GPU-0", CriticalXIDs: []uint64{48, 79, 64}},
+		{Index: 1, UUID: "GPU-1", Lost: true},
+		{Index: 2, UUID: "GPU-2", RecoveryAction: devices.RecoveryActionDrainP2P, ResetRequired: true},
+		{Index: 3, UUID: "GPU-3", RecoveryAction: devices.RecoveryActionDrainAndReset, RetiredPagesPending: devices.TriTrue},
+	}}
+	got := NeedsOf(s)
+	want := Needs{
+		NeedReset: {{Index: 0, UUID: "GPU-0", Causes: []string{"XID48"}}, {Index: 2, UUID: "GPU-2", Causes: []string{devices.SignalResetRequired}},
+			{Index: 3, UUID: "GPU-3", Causes: []string{"RecoveryAction_DRAIN_AND_RESET", devices.SignalRetiredPagesPending}}},
+		NeedReboot:  {{Index: 0, UUID: "GPU-0", Causes: []string{"XID79"}}, {Index: 1, UUID: "GPU-1", Causes: []string{devices.SignalGPULost}}},
+		NeedReplace: {{Index: 0, UUID: "GPU-0", Causes: []string{"XID64"}}},
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("NeedsOf:\n got %v\nwant %v", got, want)
 	}
 }

@@ -19,8 +19,20 @@
 //     the host. A command that cannot start or outlives its timeout is
 //     killed and the need is Unknown.
 //
-// A command, when set, replaces the file. Both empty: the detector is off
-// and the agent writes no RebootRequired condition.
+// A command, when set, replaces the file. Both empty: no sentinel; on a
+// node without GPUs the detector is then off and the agent writes no
+// RebootRequired condition.
+//
+// # GPUs
+//
+// The GPU health monitor hands over its reboot cause (a recovery action
+// NODE_REBOOT or SYSTEM_REBOOT, a lost GPU, XID 79 or 62: gpuhealth's
+// RebootCause) with SetGPUCause. The condition is True while either the
+// sentinel or a GPU asks, and its reason names each cause that holds:
+//
+//	True    SentinelFile,GPUHealth   "/var/run/reboot-required exists; 1 of 8 GPUs needs a reboot: GPU-… (index 6): RecoveryAction_NODE_REBOOT"
+//	True    GPUHealth                "1 of 8 GPUs needs a reboot: …; /var/run/reboot-required absent"
+//	False   GPUHealth                "no GPU asks for a reboot" (no sentinel configured)
 //
 // # What the cluster sees
 //
@@ -45,6 +57,9 @@
 // `kubectl lifecycle rollout reboot --needs-reboot` selects exactly the
 // nodes whose RebootRequired is True.
 //
+// The GPU reset and replacement needs are internal/gpuhealth's own
+// conditions (GPUResetRequired, GPUReplacementRequired).
+//
 // Not here yet (issue 15): automatic requests, windows, gates and
-// notifications; the GPU health monitor's recovery actions as needs.
+// notifications.
 package needs

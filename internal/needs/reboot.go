@@ -25,6 +25,9 @@ import (
 const (
 	CauseSentinelFile    = "SentinelFile"
 	CauseSentinelCommand = "SentinelCommand"
+	// CauseGPUHealth: a GPU asks for a reboot (internal/gpuhealth's
+	// RebootCause: a recovery action, a lost GPU, a reboot-class XID).
+	CauseGPUHealth = "GPUHealth"
 )
 
 // Defaults for Config fields left zero.
@@ -51,6 +54,9 @@ type Config struct {
 	CommandTimeout time.Duration
 	// Interval between evaluations; 0: the default.
 	Interval time.Duration
+	// GPU: the GPU health monitor reports its causes (SetGPUCause). With
+	// both sentinels off the condition then says only what the GPUs ask.
+	GPU bool
 
 	Sink       Sink                  // required
 	Registerer prometheus.Registerer // nil: no metrics
@@ -59,7 +65,9 @@ type Config struct {
 }
 
 // Enabled says whether the configuration asks for the detector at all.
-func (c Config) Enabled() bool { return c.SentinelFile != "" || c.SentinelCommand != "" }
+func (c Config) Enabled() bool { return c.sentinel() || c.GPU }
+
+func (c Config) sentinel() bool { return c.SentinelFile != "" || c.SentinelCommand != "" }
 
 // Reboot is the reboot-required detector.
 type Reboot struct {
@@ -68,15 +76,17 @@ type Reboot struct {
 	gauge  prometheus.Gauge
 	errors prometheus.Counter
 
+	eval    sync.Mutex // serializes evaluations: a later read never loses to an earlier one
 	mu      sync.Mutex
 	written *apiclient.NodeCondition // the last condition the API accepted
+	gpu     string                   // SetGPUCause's last cause; "": none
 }
 
 // NewReboot checks cfg and returns the detector.
 func NewReboot(cfg Config) (*Reboot, error) {
 	switch {
 	case !cfg.Enabled():
-		return nil, errors.New("needs: neither a sentinel file nor a sentinel command")
+		return nil, errors.New("needs: neither a sentinel file, a sentinel command nor the GPU monitor")
 	case cfg.Sink == nil || cfg.Log == nil:
 		return nil, errors.New("needs: Config needs Sink and Log")
 	case cfg.Interval < 0 || cfg.CommandTimeout < 0:
@@ -121,10 +131,30 @@ func (r *Reboot) Run(ctx context.Context) {
 	}
 }
 
-// Evaluate reads the sentinel once, updates the metrics and writes the
-// condition when it changed; it returns the condition read.
+// SetGPUCause records the GPUs' part of the need (gpuhealth.RebootCause;
+// "": no GPU asks for a reboot) and evaluates at once.
+func (r *Reboot) SetGPUCause(ctx context.Context, cause string) {
+	r.mu.Lock()
+	r.gpu = cause
+	r.mu.Unlock()
+	r.Evaluate(ctx)
+}
+
+// Evaluate reads the sentinel once, merges the GPUs' cause, updates the
+// metrics and writes the condition when it changed; it returns the
+// condition read.
 func (r *Reboot) Evaluate(ctx context.Context) apiclient.NodeCondition {
-	c := r.read(ctx)
+	r.eval.Lock()
+	defer r.eval.Unlock()
+	var sentinel *apiclient.NodeCondition
+	if r.cfg.sentinel() {
+		s := r.read(ctx)
+		sentinel = &s
+	}
+	r.mu.Lock()
+	gpu := r.gpu
+	r.mu.Unlock()
+	c := merge(sentinel, gpu)
 	switch c.Status {
 	case corev1.ConditionTrue:
 		r.gauge.Set(1)
@@ -153,6 +183,27 @@ func (r *Reboot) Evaluate(ctx context.Context) apiclient.NodeCondition {
 	r.mu.Unlock()
 	r.cfg.Log.Info("RebootRequired condition", "from", from, "to", string(c.Status)+"/"+c.Reason, "message", c.Message)
 	return c
+}
+
+// merge is RebootRequired from the sentinel's reading (nil: no sentinel)
+// and the GPUs' cause: True when either asks, the reason naming each cause
+// that holds ("SentinelFile,GPUHealth").
+func merge(sentinel *apiclient.NodeCondition, gpu string) apiclient.NodeCondition {
+	switch {
+	case gpu == "" && sentinel != nil:
+		return *sentinel
+	case gpu == "":
+		return apiclient.NodeCondition{Type: v1alpha1.NodeConditionRebootRequired, Status: corev1.ConditionFalse,
+			Reason: CauseGPUHealth, Message: "no GPU asks for a reboot"}
+	case sentinel != nil && sentinel.Status == corev1.ConditionTrue:
+		return apiclient.NodeCondition{Type: v1alpha1.NodeConditionRebootRequired, Status: corev1.ConditionTrue,
+			Reason: sentinel.Reason + "," + CauseGPUHealth, Message: capMessage(sentinel.Message + "; " + gpu)}
+	case sentinel != nil:
+		return apiclient.NodeCondition{Type: v1alpha1.NodeConditionRebootRequired, Status: corev1.ConditionTrue,
+			Reason: CauseGPUHealth, Message: capMessage(gpu + "; " + sentinel.Message)}
+	}
+	return apiclient.NodeCondition{Type: v1alpha1.NodeConditionRebootRequired, Status: corev1.ConditionTrue,
+		Reason: CauseGPUHealth, Message: capMessage(gpu)}
 }
 
 func (r *Reboot) read(ctx context.Context) apiclient.NodeCondition {

@@ -159,3 +159,40 @@ func TestNewRebootRefuses(t *testing.T) {
 		}
 	}
 }
+
+// The GPUs' cause merges with the sentinel's: True while either asks, the
+// reason naming each cause that holds; with no sentinel the condition says
+// only what the GPUs ask.
+func TestGPUCause(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "reboot-required")
+	r, s, _ := newDetector(t, Config{SentinelFile: file, GPU: true})
+	ctx := context.Background()
+	const gpu = "1 of 8 GPUs needs a reboot: GPU-1 (index 3): RecoveryAction_NODE_REBOOT"
+
+	want(t, r.Evaluate(ctx), corev1.ConditionFalse, CauseSentinelFile, "absent")
+	r.SetGPUCause(ctx, gpu)
+	want(t, s.written[len(s.written)-1], corev1.ConditionTrue, CauseGPUHealth, gpu+"; "+file+" absent")
+	if g := testutil.ToFloat64(r.gauge); g != 1 {
+		t.Errorf("lifecycle_agent_reboot_required %v with a GPU cause; want 1", g)
+	}
+	if err := os.WriteFile(file, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	want(t, r.Evaluate(ctx), corev1.ConditionTrue, CauseSentinelFile+","+CauseGPUHealth, file+" exists; "+gpu)
+	r.SetGPUCause(ctx, "")
+	want(t, s.written[len(s.written)-1], corev1.ConditionTrue, CauseSentinelFile, file+" exists")
+	os.Remove(file)
+	want(t, r.Evaluate(ctx), corev1.ConditionFalse, CauseSentinelFile, "absent")
+	if g := testutil.ToFloat64(r.gauge); g != 0 {
+		t.Errorf("lifecycle_agent_reboot_required %v with no cause; want 0", g)
+	}
+	if len(s.written) != 5 {
+		t.Errorf("%d writes for 5 changes: %+v", len(s.written), s.written)
+	}
+
+	gpuOnly, s2, _ := newDetector(t, Config{GPU: true})
+	want(t, gpuOnly.Evaluate(ctx), corev1.ConditionFalse, CauseGPUHealth, "no GPU asks for a reboot")
+	gpuOnly.SetGPUCause(ctx, gpu)
+	want(t, s2.written[len(s2.written)-1], corev1.ConditionTrue, CauseGPUHealth, gpu)
+}

@@ -93,8 +93,12 @@ func setup(m *testing.M) (int, error) {
 	return m.Run(), nil
 }
 
+// build builds a binary with the test build's tags: lifecycle_testnvml
+// lets an agent use go-nvml's mock when its environment asks for it
+// (internal/agent/testnvml.go); without that environment it has no GPUs,
+// as on a host without the NVIDIA library.
 func build(ctx context.Context, out, pkg string) error {
-	cmd := exec.CommandContext(ctx, "go", "build", "-tags", "kustomize_disable_go_plugin_support", "-o", out, pkg)
+	cmd := exec.CommandContext(ctx, "go", "build", "-tags", "kustomize_disable_go_plugin_support,lifecycle_testnvml", "-o", out, pkg)
 	cmd.Dir = testenv.RepoRoot()
 	cmd.Env = append(os.Environ(), "CGO_CFLAGS=-O2 -g -Wno-deprecated-declarations")
 	b, err := cmd.CombinedOutput()
@@ -122,6 +126,13 @@ type agentProc struct {
 // every agent has published its transitions. Everything stops at cleanup.
 func startNodes(t *testing.T, nodes ...string) []*agentProc {
 	t.Helper()
+	return startNodesEnv(t, nil, nodes...)
+}
+
+// startNodesEnv is startNodes with extra environment for some agents (the
+// test build's NVML mock: agent.EnvTestNVML, EnvTestNVMLFaults).
+func startNodesEnv(t *testing.T, agentEnv map[string][]string, nodes ...string) []*agentProc {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	var agents []*agentProc
@@ -132,7 +143,7 @@ func startNodes(t *testing.T, nodes ...string) []*agentProc {
 		if _, err := testenv.RunKubeletStandIn(ctx, env.AdminConfig(), n); err != nil {
 			t.Fatal(err)
 		}
-		agents = append(agents, startAgent(t, n))
+		agents = append(agents, startAgent(t, n, agentEnv[n]...))
 	}
 	for _, a := range agents {
 		waitFor(t, "agent "+a.node+" to publish its transitions", 60*time.Second, func() bool {
@@ -148,7 +159,7 @@ func startNodes(t *testing.T, nodes ...string) []*agentProc {
 	return agents
 }
 
-func startAgent(t *testing.T, node string) *agentProc {
+func startAgent(t *testing.T, node string, extraEnv ...string) *agentProc {
 	t.Helper()
 	dir := t.TempDir()
 	kc, err := env.WriteKubeconfigFor(agentIdentity(node))
@@ -157,8 +168,11 @@ func startAgent(t *testing.T, node string) *agentProc {
 	}
 	cfg := filepath.Join(dir, "config.yaml")
 	sentinel := filepath.Join(dir, "reboot-required")
+	// gpu.resetMethod nvml: the test build's NVML mock resets by PCI
+	// remove and rediscover (there is no nvidia-smi here); agents without
+	// the mock have no GPUs and no gpu-reset driver.
 	if err := os.WriteFile(cfg, []byte("logLevel: debug\ndrain:\n  evictRetryDelay: 500ms\n"+
-		"needs:\n  reboot:\n    sentinelFile: "+sentinel+"\n    interval: 200ms\n"), 0o600); err != nil {
+		"needs:\n  reboot:\n    sentinelFile: "+sentinel+"\n    interval: 200ms\ngpu:\n  resetMethod: nvml\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	port, err := freePort()
@@ -174,6 +188,7 @@ func startAgent(t *testing.T, node string) *agentProc {
 		"--journal", filepath.Join(dir, "journal.db"), "--socket", filepath.Join(dir, "agent.sock"),
 		"--metrics-address", fmt.Sprintf("127.0.0.1:%d", port), "--host-mode", "simulate", "--config", cfg)
 	a.cmd.Stdout, a.cmd.Stderr = lf, lf
+	a.cmd.Env = append(os.Environ(), extraEnv...)
 	a.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := a.cmd.Start(); err != nil {
 		t.Fatal(err)
