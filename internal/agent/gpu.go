@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"path/filepath"
 
 	"github.com/prometheus/client_golang/prometheus"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -64,11 +65,18 @@ func newGPUStack(cfg *config.Config, api *apiclient.Client, log *slog.Logger, cl
 	return g
 }
 
+// GPUBaselineFile is the GPU health monitor's baseline (gpuhealth.Baseline),
+// in the journal's directory: delete it, with the agent stopped, to accept
+// the GPUs present at the next start as the node's GPUs.
+const GPUBaselineFile = "gpu-baseline.json"
+
 // startMonitor publishes GPUHealthy, the GPU needs and the GPU gauges
 // until ctx ends; the GPUs' reboot cause goes to reboot (nil: nowhere).
 func (g *gpuStack) startMonitor(ctx context.Context, cfg *config.Config, api *apiclient.Client, bootID string, reboot *needs.Reboot, reg prometheus.Registerer, log *slog.Logger, clk clock.Clock) {
 	gc := gpuhealth.Config{Node: cfg.NodeName, Devices: g.mgr, Conditions: api, Registerer: reg, Clock: clk, Log: log,
 		AutoRemediate: cfg.GPU.AutoRemediate, BootID: bootID,
+		// Next to the journal: /var/lib/lifecycle-agent/gpu-baseline.json.
+		BaselinePath: filepath.Join(filepath.Dir(cfg.JournalPath), GPUBaselineFile),
 		CreateEvent: func(ctx context.Context, ev *v1alpha1.LifecycleEvent) error {
 			_, err := api.LC.Events.Create(ctx, ev, metav1.CreateOptions{})
 			return err

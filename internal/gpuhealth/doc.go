@@ -34,6 +34,16 @@
 // reason), capped at MaxReasonLength bytes with ",More" when cut; the
 // message has the UUIDs and the read errors (devices caps it at 1024 bytes).
 //
+// # Baseline (issue 14.6)
+//
+// With Config.BaselinePath the monitor keeps every GPU UUID it has seen on
+// the node (Baseline, saved atomically at the first reading that lists
+// GPUs and whenever one appears). A GPU of the baseline that NVML no
+// longer lists — one that fell off the bus — makes GPUHealthy False with
+// SignalGPUsMissing first in the reason and the UUIDs first in the
+// message, and is a reboot cause. A baseline that cannot be read is
+// replaced by the next reading (logged); a failed save is retried.
+//
 // # Needs (issue 15.1)
 //
 // Each evaluation also reads what the GPUs ask of the node (NeedsOf:

@@ -19,6 +19,8 @@ type Metrics struct {
 	ResetRequired          *prometheus.GaugeVec
 	ReplacementRequired    *prometheus.GaugeVec
 	XIDEvents              *prometheus.CounterVec
+	// Expected is the number of GPUs in the baseline (Config.BaselinePath).
+	Expected prometheus.Gauge
 
 	mu     sync.Mutex
 	series map[string]prometheus.Labels // per-GPU label sets currently exported, by gpu/index
@@ -44,10 +46,12 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			"1 when the GPU is failing and needs service (the GPUReplacementRequired need), 0 when not."),
 		XIDEvents: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "lifecycle_agent_gpu_xid_events_total",
 			Help: "Critical XID events seen by the watcher (application XIDs excluded)."}, []string{"gpu", "xid"}),
+		Expected: prometheus.NewGauge(prometheus.GaugeOpts{Name: "lifecycle_agent_gpus_expected",
+			Help: "GPUs seen on this node since the agent first saw any (the baseline); more than count(lifecycle_agent_gpu_healthy) means some are missing."}),
 		series: map[string]prometheus.Labels{},
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.Healthy, m.RemappedRowsPending, m.RetiredPagesPending, m.ECCVolatileUncorrected, m.ResetRequired, m.ReplacementRequired, m.XIDEvents} {
+		for _, c := range []prometheus.Collector{m.Healthy, m.RemappedRowsPending, m.RetiredPagesPending, m.ECCVolatileUncorrected, m.ResetRequired, m.ReplacementRequired, m.XIDEvents, m.Expected} {
 			if err := reg.Register(c); err != nil {
 				return nil, fmt.Errorf("gpuhealth: registering metrics: %w", err)
 			}

@@ -86,6 +86,10 @@ type Config struct {
 	// (RebootCause: "" when no GPU asks for a reboot) after each
 	// evaluation that changed it, and once after the first.
 	RebootNeed func(ctx context.Context, cause string)
+	// BaselinePath is the file of every GPU seen on this node since the
+	// first (Baseline); a GPU of it that NVML no longer lists makes
+	// GPUHealthy False (GPUsMissing) and asks for a reboot. "": no baseline.
+	BaselinePath string
 }
 
 // Monitor is the GPU health loop. Run it once; Check and Rewatch may be
@@ -105,6 +109,8 @@ type Monitor struct {
 	mu          sync.Mutex                         // serializes evaluations
 	published   map[string]apiclient.NodeCondition // by type: the last written successfully
 	rebootCause *string                            // the last cause given to RebootNeed
+	baseline    *Baseline                          // nil: none yet (or off)
+	unsaved     bool                               // baseline changed since it was last saved
 	last        devices.HealthReport
 	requested   map[string]bool // event names created or found existing
 	lastLog     map[string]time.Time
@@ -147,11 +153,21 @@ func New(cfg Config) (*Monitor, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Monitor{
+	m := &Monitor{
 		cfg: cfg, log: cfg.Log.With("node", cfg.Node), clk: cfg.Clock, metrics: met,
 		rewatch: make(chan struct{}, 1), pauseReq: make(chan chan struct{}), requested: map[string]bool{}, lastLog: map[string]time.Time{},
 		published: map[string]apiclient.NodeCondition{},
-	}, nil
+	}
+	if cfg.BaselinePath != "" {
+		b, err := LoadBaseline(cfg.BaselinePath)
+		if err != nil {
+			// Replaced by the GPUs of the next reading: a broken file must
+			// not keep the monitor from starting.
+			m.log.Warn("GPU baseline unreadable; starting a new one from the GPUs seen now", "path", cfg.BaselinePath, "err", err)
+		}
+		m.baseline = b
+	}
+	return m, nil
 }
 
 // Metrics returns the monitor's metrics.
@@ -346,13 +362,64 @@ func (m *Monitor) Check(ctx context.Context) devices.HealthReport {
 				m.remediate(ctx, g.UUID, g.RecoveryAction)
 			}
 		}
-		conds = []apiclient.NodeCondition{NodeCondition(rep),
+		health, cause := NodeCondition(rep), RebootCause(needs, len(s.GPUs))
+		if gone := m.checkBaseline(s); len(gone) > 0 {
+			health = withMissing(health, m.baseline, gone)
+			cause = strings.Trim(m.baseline.missingMessage(gone)+"; "+cause, "; ")
+		}
+		conds = []apiclient.NodeCondition{health,
 			NeedCondition(NeedReset, needs, len(s.GPUs)), NeedCondition(NeedReplace, needs, len(s.GPUs))}
-		m.rebootNeed(ctx, RebootCause(needs, len(s.GPUs)))
+		m.rebootNeed(ctx, cause)
 	}
 	m.publish(ctx, conds...)
 	m.last = rep
 	return rep
+}
+
+// checkBaseline compares the snapshot with the baseline (starting it at
+// the first reading that lists GPUs, adding GPUs that appear), saves it
+// when it changed, and returns the baseline's GPUs NVML does not list. A
+// failed save is retried at the next evaluation.
+func (m *Monitor) checkBaseline(s devices.Snapshot) []string {
+	have := present(s)
+	switch {
+	case m.cfg.BaselinePath == "":
+		return nil
+	case m.baseline == nil && len(have) == 0:
+		return nil
+	case m.baseline == nil:
+		m.baseline = &Baseline{V: BaselineVersion, FirstSeen: m.clk.Now(), UUIDs: have}
+		m.unsaved = true
+	case m.baseline.add(have):
+		m.unsaved = true
+	}
+	if m.unsaved {
+		if err := m.baseline.Save(m.cfg.BaselinePath); err != nil {
+			m.warn("baseline", "saving the GPU baseline failed; retrying at the next evaluation", "path", m.cfg.BaselinePath, "err", err)
+		} else {
+			m.unsaved = false
+			m.log.Info("GPU baseline saved", "path", m.cfg.BaselinePath, "gpus", len(m.baseline.UUIDs), "firstSeen", m.baseline.FirstSeen)
+		}
+	}
+	m.metrics.Expected.Set(float64(len(m.baseline.UUIDs)))
+	gone := m.baseline.missing(have)
+	if len(gone) > 0 {
+		m.warn("missing", "GPUs of the baseline missing", "missing", strings.Join(gone, ","), "expected", len(m.baseline.UUIDs), "present", len(have))
+	}
+	return gone
+}
+
+// withMissing makes GPUHealthy False for GPUs of the baseline that NVML no
+// longer lists: reason GPUsMissing first, the message naming them first.
+func withMissing(c apiclient.NodeCondition, b *Baseline, gone []string) apiclient.NodeCondition {
+	msg := b.missingMessage(gone)
+	if c.Status == corev1.ConditionFalse {
+		c.Reason = capReason(append([]string{SignalGPUsMissing}, strings.Split(c.Reason, ",")...))
+		c.Message = capMessage(msg + "; " + c.Message)
+		return c
+	}
+	c.Status, c.Reason, c.Message = corev1.ConditionFalse, SignalGPUsMissing, capMessage(msg)
+	return c
 }
 
 // rebootNeed hands the GPUs' reboot cause to Config.RebootNeed when it

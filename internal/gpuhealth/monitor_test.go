@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"sync"
@@ -176,6 +178,7 @@ type env struct {
 func newEnv(t *testing.T, model devicestest.Model, mods ...func(*Config)) *env {
 	t.Helper()
 	f := devicestest.New(model)
+	f.StableUUIDs() // a second env of the model is the same node restarted (TestBaseline)
 	clk := clocktesting.NewFakeClock(epoch)
 	log := slog.New(slog.NewTextHandler(t.Output(), nil))
 	m, err := f.Manager(devicestest.Options{Clock: clk, Logger: log})
@@ -669,5 +672,91 @@ func TestNeedsOf(t *testing.T) {
 	}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("NeedsOf:\n got %v\nwant %v", got, want)
+	}
+}
+
+// The baseline (issue 14.6): the first reading that lists GPUs is saved
+// next to the journal; a GPU of it that falls off the bus (NVML no longer
+// lists it) makes GPUHealthy False/GPUsMissing naming it and asks for a
+// reboot, also after a restart of the agent (a new Monitor on the same
+// file), until it is back; a broken file is replaced, not fatal.
+func TestBaseline(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "gpu-baseline.json")
+	var mu sync.Mutex
+	var causes []string
+	withBaseline := func(c *Config) {
+		c.BaselinePath = path
+		c.RebootNeed = func(_ context.Context, cause string) {
+			mu.Lock()
+			defer mu.Unlock()
+			causes = append(causes, cause)
+		}
+	}
+	lastCause := func() string {
+		mu.Lock()
+		defer mu.Unlock()
+		if len(causes) == 0 {
+			return "(none)"
+		}
+		return causes[len(causes)-1]
+	}
+	ctx := context.Background()
+	e := newEnv(t, devicestest.DGXH100, withBaseline)
+	e.mon.Check(ctx)
+	b, err := LoadBaseline(path)
+	if err != nil || b == nil || len(b.UUIDs) != 8 || !b.FirstSeen.Equal(epoch) {
+		t.Fatalf("baseline after the first reading: %+v, %v; want the 8 GPUs, first seen %s", b, err, epoch)
+	}
+	if v, _ := e.metric(t, "lifecycle_agent_gpus_expected", nil); v != 8 {
+		t.Errorf("lifecycle_agent_gpus_expected %v, want 8", v)
+	}
+
+	e.fleet.Set(2, func(g *devicestest.GPU) { g.OffBus = true })
+	e.clk.Step(time.Minute)
+	e.mon.Check(ctx)
+	c := e.sink.all()[len(e.sink.all())-1]
+	want := "1 of the 8 GPUs seen since " + epoch.Format(time.RFC3339) + " missing (fallen off the bus?): " + e.fleet.UUID(2)
+	if c.Status != corev1.ConditionFalse || c.Reason != SignalGPUsMissing || c.Message != want {
+		t.Errorf("GPUHealthy with GPU 2 off the bus: %+v; want False/%s %q", c, SignalGPUsMissing, want)
+	}
+	if got := lastCause(); got != want {
+		t.Errorf("reboot cause %q, want %q", got, want)
+	}
+
+	// A restart of the agent: the baseline is read back, the GPU is still
+	// missing, and a second fault adds to the reason.
+	e2 := newEnv(t, devicestest.DGXH100, withBaseline)
+	e2.fleet.Set(2, func(g *devicestest.GPU) { g.OffBus = true })
+	e2.fleet.Set(5, func(g *devicestest.GPU) { g.RemappedRowsPending = true })
+	e2.mon.Check(ctx)
+	c = e2.sink.all()[0]
+	if c.Status != corev1.ConditionFalse || c.Reason != SignalGPUsMissing+",GPU5:RemappedRowsPending" || !strings.HasPrefix(c.Message, want+"; ") {
+		t.Errorf("after a restart: %+v; want GPUsMissing first, then the other GPU", c)
+	}
+	if b2, _ := LoadBaseline(path); b2 == nil || !b2.FirstSeen.Equal(epoch) || len(b2.UUIDs) != 8 {
+		t.Errorf("the restart rewrote the baseline: %+v", b2)
+	}
+
+	e2.fleet.SetAll(func(g *devicestest.GPU) {
+		*g = devicestest.GPU{RecoveryAction: devices.RecoveryActionNone, FabricState: devices.FabricCompleted}
+	})
+	e2.mon.Check(ctx)
+	if c = e2.sink.all()[len(e2.sink.all())-1]; c.Status != corev1.ConditionTrue {
+		t.Errorf("GPU back on the bus: %+v, want True", c)
+	}
+	if got := lastCause(); got != "" {
+		t.Errorf("reboot cause %q once the GPU is back, want none", got)
+	}
+
+	if err := os.WriteFile(path, []byte("{garbage"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	e3 := newEnv(t, devicestest.DGXA100, withBaseline)
+	e3.mon.Check(ctx)
+	if b3, err := LoadBaseline(path); err != nil || b3 == nil || len(b3.UUIDs) != 8 {
+		t.Errorf("a broken baseline was not replaced by the GPUs seen: %+v, %v", b3, err)
+	}
+	if c = e3.sink.all()[0]; c.Status != corev1.ConditionTrue {
+		t.Errorf("after a broken baseline: %+v, want True (a new baseline)", c)
 	}
 }
