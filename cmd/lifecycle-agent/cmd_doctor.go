@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/lifecycle-agent/lifecycle-agent/api/v1alpha1"
+	daemon "github.com/lifecycle-agent/lifecycle-agent/internal/agent"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/apiclient"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/config"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/devices"
@@ -409,9 +410,13 @@ func doctorNVML(ctx context.Context, cfg *config.Config) check {
 		gpus int
 		err  error
 	}
+	lib, err := daemon.NVMLLibrary(cfg)
+	if err != nil {
+		return fail("nvml", "start the GPU Operator's driver pod (nvidia-driver-daemonset), or fix or unset gpu.driverRoot", "%v", err)
+	}
 	done := make(chan result, 1)
 	go func() {
-		m, err := devices.New(devices.Config{})
+		m, err := devices.New(devices.Config{LibraryPath: lib})
 		if err != nil {
 			done <- result{err: err}
 			return

@@ -24,6 +24,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	daemon "github.com/lifecycle-agent/lifecycle-agent/internal/agent"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/config"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/devices"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/drivers"
@@ -64,8 +65,11 @@ func newGPUInventoryCmd(e *env) *cobra.Command {
 		Short: "List the GPUs with their modes, processes and health",
 		Long: `Print every GPU NVML sees: index, UUID, name, PCI bus ID, architecture, MIG and
 persistence modes, running processes, the health signals and the verdict that
-the GPUHealthy condition is built from. Exits 3 on a host without NVML.`,
-		Args: noArgs,
+the GPUHealthy condition is built from. Exits 3 on a host without NVML (or
+without the library under gpu.driverRoot).`,
+		// The config: gpu.driverRoot says where NVML is.
+		Annotations: needsConfig,
+		Args:        noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var err error
 			if o.Output, err = outputOf(cmd, o.Output, outText, outJSON); err != nil {
@@ -114,9 +118,14 @@ would be refused now.`,
 	return cmd
 }
 
-// openGPUs loads NVML; no NVML exits 3. The caller shuts the Manager down.
-func openGPUs(log *slog.Logger) (*devices.Manager, error) {
-	m, err := devices.New(devices.Config{Logger: log})
+// openGPUs loads NVML (from gpu.driverRoot when set); no NVML exits 3. The
+// caller shuts the Manager down.
+func openGPUs(cfg *config.Config, log *slog.Logger) (*devices.Manager, error) {
+	lib, err := daemon.NVMLLibrary(cfg)
+	if err != nil {
+		return nil, &exitError{code: exitNoNVML, err: err}
+	}
+	m, err := devices.New(devices.Config{Logger: log, LibraryPath: lib})
 	if err != nil {
 		return nil, err
 	}
@@ -233,7 +242,7 @@ func inventoryView(s devices.Snapshot) inventoryJSON {
 
 // runGPUInventory is `lifecycle-agent gpu inventory`.
 func runGPUInventory(_ context.Context, e *env, o gpuInventoryOptions) (err error) {
-	m, err := openGPUs(gpuLog(e))
+	m, err := openGPUs(e.cfg, gpuLog(e))
 	if err != nil {
 		return err
 	}
@@ -285,7 +294,7 @@ func runGPUResetDryRun(_ context.Context, e *env, o gpuResetOptions) (err error)
 	if err != nil {
 		return &exitError{code: exitUsage, err: err}
 	}
-	m, err := openGPUs(gpuLog(e))
+	m, err := openGPUs(e.cfg, gpuLog(e))
 	if err != nil {
 		return err
 	}

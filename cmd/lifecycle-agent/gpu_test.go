@@ -255,3 +255,54 @@ func TestGPUResetDryRunOutput(t *testing.T) {
 		})
 	}
 }
+
+// gpu.driverRoot (the GPU Operator's /run/nvidia/driver): the gpu
+// commands and doctor load NVML from the library under it, and say so when
+// there is none there or it does not load (a file that is not a library
+// stands in for a driver the host cannot load: the message names the path,
+// which shows it was the one tried).
+func TestGPUDriverRoot(t *testing.T) {
+	empty := t.TempDir()
+	broken := t.TempDir()
+	lib := filepath.Join(broken, "usr/lib64/libnvidia-ml.so.1")
+	if err := os.MkdirAll(filepath.Dir(lib), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(lib, []byte("not a shared object\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	q := regexp.QuoteMeta
+	for _, tc := range []struct {
+		name, root string
+		args       []string
+		code       int
+		out        string // regexp of stderr (gpu) or of doctor's nvml line
+	}{
+		{name: "inventory, no library under the root", root: empty, args: []string{"gpu", "inventory"}, code: 3,
+			out: "^" + q("lifecycle-agent: gpu inventory: gpu.driverRoot "+empty+": no libnvidia-ml.so.1 in usr/lib/x86_64-linux-gnu, lib/x86_64-linux-gnu, ") + `.*\n$`},
+		{name: "inventory, a library that does not load", root: broken, args: []string{"gpu", "inventory"}, code: 3,
+			out: "^" + q("lifecycle-agent: gpu inventory: no NVML on this host: devices: no NVML: loading "+lib+" (Init: ERROR_LIBRARY_NOT_FOUND)") + `\n$`},
+		{name: "doctor, no library under the root", root: empty, args: []string{"doctor"}, code: 1,
+			out: q("✗ nvml: gpu.driverRoot "+empty+": no libnvidia-ml.so.1 in ") + ".*" + q(" — fix: start the GPU Operator's driver pod (nvidia-driver-daemonset), or fix or unset gpu.driverRoot")},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := agent(t, []string{"LIFECYCLE_AGENT_GPU_DRIVER_ROOT=" + tc.root, "LIFECYCLE_AGENT_KUBECONFIG=" + filepath.Join(empty, "absent"),
+				"DBUS_SYSTEM_BUS_ADDRESS=unix:path=" + filepath.Join(empty, "no-bus")}, tc.args...)
+			if r.code != tc.code {
+				t.Errorf("exit code %d, want %d\nstdout %s\nstderr %s", r.code, tc.code, r.stdout, r.stderr)
+			}
+			got := r.stderr
+			if tc.args[0] == "doctor" {
+				got = ""
+				for _, l := range strings.Split(r.stdout, "\n") {
+					if strings.Contains(l, " nvml: ") {
+						got = l
+					}
+				}
+			}
+			if !regexp.MustCompile(tc.out).MatchString(got) {
+				t.Errorf("got %q\nwant %s", got, tc.out)
+			}
+		})
+	}
+}

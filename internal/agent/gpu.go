@@ -32,8 +32,23 @@ type gpuStack struct {
 // go-nvml's mock when the environment asks for it.
 var testNVML func(log *slog.Logger) (devices.Library, bool)
 
+// NVMLLibrary is the libnvidia-ml.so.1 the agent loads: "" for the host's
+// (the dynamic loader finds it), or the one under gpu.driverRoot (an error
+// naming the root and where it looked when there is none). cfg may be nil.
+func NVMLLibrary(cfg *config.Config) (string, error) {
+	if cfg == nil || cfg.GPU.DriverRoot == "" {
+		return "", nil
+	}
+	return devices.DriverRootLibrary(cfg.GPU.DriverRoot)
+}
+
 func newGPUStack(cfg *config.Config, api *apiclient.Client, log *slog.Logger, clk clock.Clock) *gpuStack {
-	dc := devices.Config{Logger: log, Clock: clk}
+	lib, err := NVMLLibrary(cfg)
+	if err != nil {
+		log.Warn("NVML not loaded: the gpu-reset driver and GPU health are off", "err", err)
+		return nil
+	}
+	dc := devices.Config{Logger: log, Clock: clk, LibraryPath: lib}
 	if testNVML != nil {
 		if lib, ok := testNVML(log); ok {
 			dc.NVML = lib

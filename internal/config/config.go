@@ -145,6 +145,7 @@ type NeedsReboot struct {
 // GPU is the gpu.* section.
 type GPU struct {
 	ResetMethod   string // ResetMethodAuto, ResetMethodNvidiaSMI or ResetMethodNVML
+	DriverRoot    string // "" the host's driver; else where libnvidia-ml.so.1 is looked up
 	AutoRemediate bool
 	Services      []string // systemd units stopped around a reset
 	Operator      GPUOperator

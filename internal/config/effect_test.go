@@ -41,6 +41,7 @@ var otherValue = map[string]string{
 	"gpu.operator.pausedValue":     "paused",
 	"needs.reboot.sentinelFile":    "/run/lifecycle-agent-test/reboot-required",
 	"needs.reboot.sentinelCommand": "test -e /run/lifecycle-agent-test/reboot-required",
+	"gpu.driverRoot":               "/run/nvidia/driver",
 }
 
 // notALayeredField are the keys without a Config field of their own, and

@@ -192,6 +192,15 @@ var keys = []*key{
 		field: func(c *Config) any { return &c.GPU.ResetMethod },
 	},
 	{
+		name: "gpu.driverRoot", kind: kindString, def: "", check: emptyOrAbsolute,
+		doc: "Root of an NVIDIA driver that is not installed on the host, as the GPU Operator's " +
+			"driver container mounts it (/run/nvidia/driver): NVML is then loaded from the " +
+			"libnvidia-ml.so.1 under it (usr/lib/x86_64-linux-gnu, usr/lib64, … as the NVIDIA Container " +
+			"Toolkit searches). Empty: the host's library. nvidia-smi is still looked up on PATH: with a " +
+			"driver root use gpu.resetMethod nvml, or a nvidia-smi on PATH that runs the root's (chroot).",
+		field: func(c *Config) any { return &c.GPU.DriverRoot },
+	},
+	{
 		name: "gpu.autoRemediate", kind: kindBool, def: "false",
 		doc: "When true the agent requests a gpu-reset event on its own for a GPU whose health " +
 			"signals call for a reset. When false it only reports them.",

@@ -86,6 +86,8 @@ type Manager struct {
 	ignored map[uint64]bool
 	// ignoredCfg is Config.IgnoredXIDs as given (nil: the table's default).
 	ignoredCfg []uint64
+	// libPath is Config.LibraryPath: named when it cannot be loaded.
+	libPath string
 
 	eventWait     time.Duration
 	fabricPoll    time.Duration
@@ -147,6 +149,7 @@ func New(cfg Config) (*Manager, error) {
 		clk:           cfg.Clock,
 		ignored:       ignored,
 		ignoredCfg:    ignoredCfg,
+		libPath:       cfg.LibraryPath,
 		eventWait:     cfg.EventWait,
 		fabricPoll:    cfg.FabricPollInterval,
 		fabricTimeout: cfg.FabricTimeout,
@@ -172,7 +175,10 @@ func (m *Manager) Init() error {
 	switch ret {
 	case nvml.SUCCESS:
 	case nvml.ERROR_LIBRARY_NOT_FOUND, nvml.ERROR_DRIVER_NOT_LOADED:
-		m.log.Info("NVML not available; GPU features disabled", "reason", ReturnName(ret))
+		m.log.Info("NVML not available; GPU features disabled", "reason", ReturnName(ret), "library", m.libPath)
+		if m.libPath != "" {
+			return fmt.Errorf("%w: loading %s (Init: %w)", ErrNoNVML, m.libPath, codeError{ret})
+		}
 		return fmt.Errorf("%w (Init: %w)", ErrNoNVML, codeError{ret})
 	default:
 		return nvmlErr("", "Init", ret)

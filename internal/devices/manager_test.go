@@ -38,7 +38,11 @@ func TestNoNVML(t *testing.T) {
 			if !errors.Is(err, nvml.ERROR_LIBRARY_NOT_FOUND) {
 				t.Errorf("Init error = %v, want it to match nvml.ERROR_LIBRARY_NOT_FOUND", err)
 			}
-			if got, want := err.Error(), "devices: no NVML (Init: ERROR_LIBRARY_NOT_FOUND)"; got != want {
+			want := "devices: no NVML (Init: ERROR_LIBRARY_NOT_FOUND)"
+			if tc.cfg.LibraryPath != "" {
+				want = "devices: no NVML: loading " + tc.cfg.LibraryPath + " (Init: ERROR_LIBRARY_NOT_FOUND)"
+			}
+			if got := err.Error(); got != want {
 				t.Errorf("Init error text = %q, want %q", got, want)
 			}
 			if _, err := m.Snapshot(); !errors.Is(err, ErrNotInitialized) {
