@@ -325,26 +325,33 @@ func needUnshare(t *testing.T) {
 	}
 }
 
-// recoverStub is systemctl for TestRecoverScript: `show -P ActiveState` and
-// `show -P Result` answer from $STUB_STATES, one "ActiveState Result" pair
-// per line, the next line on each ActiveState query (the last line
+// recoverStub is systemctl for TestRecoverScript: `show -P PROP` answers
+// from $STUB_STATES, one "ActiveState Result ExecMainCode ExecMainStatus"
+// line per state, the next line on each ActiveState query (the last line
 // repeats); every call is recorded.
 const recoverStub = `#!/bin/sh
 echo "systemctl $*" >>"$STUB_LOG"
 [ "$1 $2" = "show -P" ] || exit 0
+prop=$3
 n=$(grep -c "show -P ActiveState" "$STUB_LOG")
 line=$(sed -n "${n}p" "$STUB_STATES")
 [ -n "$line" ] || line=$(tail -n 1 "$STUB_STATES")
-case $3 in
-ActiveState) echo "${line%% *}" ;;
-Result) echo "${line#* }" ;;
+set -- $line
+case $prop in
+ActiveState) echo "$1" ;;
+Result) echo "$2" ;;
+ExecMainCode) echo "$3" ;;
+ExecMainStatus) echo "$4" ;;
 esac
 `
 
 // TestRecoverScript runs /usr/lib/lifecycle-agent/recover, as the package
 // ships it, against a systemctl that reports the agent's state: it starts
-// the agent again only when its start limit tripped and it is still
-// failed for that reason after the wait.
+// the agent again only when its start limit stopped the restarts (systemd
+// 252 says start-limit-hit only for a manual start; a limit that trips on
+// an automatic restart keeps the last failure's result, as the VM test
+// (h) showed) and the agent is still failed after the wait; an exit 2 (a
+// bad config) or an admin's stop is left alone.
 func TestRecoverScript(t *testing.T) {
 	deb := needDeb(t)
 	needTools(t, "shellcheck")
@@ -357,11 +364,11 @@ func TestRecoverScript(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(stubs, "systemctl"), []byte(recoverStub), 0o755); err != nil {
 		t.Fatal(err)
 	}
+	show := func(p string) string { return "systemctl show -P " + p + " lifecycle-agent.service" }
+	state, result, code, status := show("ActiveState"), show("Result"), show("ExecMainCode"), show("ExecMainStatus")
 	const (
-		showState  = "systemctl show -P ActiveState lifecycle-agent.service"
-		showResult = "systemctl show -P Result lifecycle-agent.service"
-		reset      = "systemctl reset-failed lifecycle-agent.service"
-		start      = "systemctl start --no-block lifecycle-agent.service"
+		reset = "systemctl reset-failed lifecycle-agent.service"
+		start = "systemctl start --no-block lifecycle-agent.service"
 	)
 	for _, tc := range []struct {
 		name, states string
@@ -369,18 +376,28 @@ func TestRecoverScript(t *testing.T) {
 		wantSays     string
 	}{
 		{
-			name: "start limit hit: started again after the wait", states: "failed start-limit-hit\n",
-			wantCalls: []string{showState, showResult, showState, showResult, reset, start},
+			name: "start-limit-hit: started again after the wait", states: "failed start-limit-hit 1 1\n",
+			wantCalls: []string{state, result, state, result, reset, start},
 			wantSays:  "lifecycle-agent.service started again after its start limit",
 		},
 		{
-			name: "exit 2 (bad config): left alone", states: "failed exit-code\n",
-			wantCalls: []string{showState, showResult, showResult},
-			wantSays:  "failed with Result=exit-code, not its start limit: leaving it alone",
+			name: "limit tripped on an automatic restart (Result=exit-code, exit 1): started again", states: "failed exit-code 1 1\n",
+			wantCalls: []string{state, result, code, status, state, result, code, status, reset, start},
+			wantSays:  "hit its start limit; starting it again in 0s",
 		},
 		{
-			name: "started by someone while waiting: left alone", states: "failed start-limit-hit\nactive success\n",
-			wantCalls: []string{showState, showResult, showState, showState},
+			name: "exit 2 (bad config): left alone", states: "failed exit-code 1 2\n",
+			wantCalls: []string{state, result, code, status, state, result, status},
+			wantSays:  "is failed (Result=exit-code, exit status 2), not stopped by its start limit: leaving it alone",
+		},
+		{
+			name: "stopped by an admin: left alone", states: "inactive success 1 0\n",
+			wantCalls: []string{state, state, result, status},
+			wantSays:  "is inactive (Result=success, exit status 0), not stopped by its start limit: leaving it alone",
+		},
+		{
+			name: "started by someone while waiting: left alone", states: "failed start-limit-hit 1 1\nactive success 0 0\n",
+			wantCalls: []string{state, result, state, state},
 			wantSays:  "changed state while waiting (active): leaving it alone",
 		},
 	} {

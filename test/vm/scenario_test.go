@@ -611,3 +611,66 @@ func lastLines(s string, n int) string {
 	}
 	return strings.Join(lines, "\n")
 }
+
+// (h) The start limit (issue 16.6), on the guest's real systemd: an agent
+// that keeps failing at start is restarted until the limit trips (not a
+// moment before: OnFailure= fires only then), then left failed while
+// lifecycle-agent-recover.service waits, and started again by it once the
+// wait is over; the cause gone by then, it comes back active. The limit,
+// RestartSec and the recover delay are shortened by drop-ins, and a
+// wrapper makes the start fail (exit 1) until a flag file exists: what is
+// under test is the units' and the recover script's behaviour as shipped.
+func TestScenarioStartLimit(t *testing.T) {
+	defer vm.Scenario(t)()
+	a := startAgentNode(t)
+	const (
+		fixed   = "/run/lifecycle-agent-test-fixed"
+		recover = "lifecycle-agent-recover.service"
+	)
+	a.v.WriteFile("/etc/systemd/system/"+vm.Unit+".d/50-start-limit-test.conf", []byte(`[Unit]
+StartLimitBurst=3
+StartLimitIntervalSec=120
+[Service]
+RestartSec=1
+ExecStart=
+ExecStart=/bin/sh -c 'test -e `+fixed+` && exec /usr/bin/lifecycle-agent run; echo "start-limit test: failing at start"; exit 1'
+`), 0o644)
+	a.v.WriteFile("/etc/systemd/system/"+recover+".d/50-start-limit-test.conf", []byte("[Service]\nEnvironment=LIFECYCLE_AGENT_RECOVER_DELAY=10\n"), 0o644)
+	a.v.MustRun("systemctl daemon-reload && systemctl restart --no-block " + vm.Unit)
+	show := func(unit string) string {
+		return strings.Join(strings.Fields(a.v.MustRun("systemctl show -P ActiveState "+unit+"; systemctl show -P Result "+unit)), " ")
+	}
+	units := func() string {
+		out, _ := a.v.Run("systemctl show -p ActiveState,SubState,Result,NRestarts " + vm.Unit + " " + recover + "; journalctl --no-pager -n 40 -u " + vm.Unit + " -u " + recover)
+		return out
+	}
+	// systemd 252 says "Start request repeated too quickly" and keeps the
+	// last failure's result (exit-code): start-limit-hit is only for a
+	// manual start. The recover script must (and does) read it so.
+	vm.Eventually(t, 90*time.Second, "the start limit trips", func() (bool, string) {
+		s := show(vm.Unit)
+		return strings.HasPrefix(s, "failed ") && strings.Contains(a.v.Journal(vm.Unit), "Start request repeated too quickly"), s
+	}, units)
+	failures := strings.Count(a.v.Journal(vm.Unit), "start-limit test: failing at start")
+	if failures != 3 {
+		t.Errorf("%d failed starts before the limit tripped; want StartLimitBurst=3", failures)
+	}
+	if s := show(recover); !strings.HasPrefix(s, "activating") {
+		t.Errorf("%s is %q right after the limit tripped; want it activating (waiting)", recover, s)
+	}
+	if log := a.v.Journal(recover); !strings.Contains(log, "hit its start limit; starting it again in 10s") || strings.Count(log, "starting it again") != 1 {
+		t.Errorf("%s log:\n%s\nwant exactly one wait, begun when the limit tripped", recover, log)
+	}
+	a.v.MustRun("touch " + fixed)
+	vm.WaitAgentActive(t, a.v, agentStartTimeout)
+	vm.Eventually(t, 30*time.Second, recover+" done", func() (bool, string) {
+		s := show(recover)
+		return s == "inactive success", s + "\n" + a.v.Journal(recover)
+	})
+	if log := a.v.Journal(recover); !strings.Contains(log, vm.Unit+" started again after its start limit") {
+		t.Errorf("%s log:\n%s\nwant the restart said", recover, log)
+	}
+	if s := show(vm.Unit); s != "active success" {
+		t.Errorf("after the recover unit: agent %q, want active", s)
+	}
+}
