@@ -76,10 +76,11 @@ type Reboot struct {
 	gauge  prometheus.Gauge
 	errors prometheus.Counter
 
-	eval    sync.Mutex // serializes evaluations: a later read never loses to an earlier one
-	mu      sync.Mutex
-	written *apiclient.NodeCondition // the last condition the API accepted
-	gpu     string                   // SetGPUCause's last cause; "": none
+	eval     sync.Mutex // serializes evaluations: a later read never loses to an earlier one
+	mu       sync.Mutex
+	written  *apiclient.NodeCondition // the last condition the API accepted
+	gpu      string                   // SetGPUCause's last cause; "": none
+	sentinel *apiclient.NodeCondition // the sentinel's last reading; nil: none yet, or no sentinel
 }
 
 // NewReboot checks cfg and returns the detector.
@@ -132,12 +133,22 @@ func (r *Reboot) Run(ctx context.Context) {
 }
 
 // SetGPUCause records the GPUs' part of the need (gpuhealth.RebootCause;
-// "": no GPU asks for a reboot) and evaluates at once.
+// "": no GPU asks for a reboot) and writes the condition merged with the
+// sentinel's last reading; it reads no sentinel itself (a sentinel command
+// may take its whole timeout, and this runs in the GPU monitor's
+// evaluation). Before the first reading it only records the cause: that
+// reading, at Run's start, writes it.
 func (r *Reboot) SetGPUCause(ctx context.Context, cause string) {
+	r.eval.Lock()
+	defer r.eval.Unlock()
 	r.mu.Lock()
 	r.gpu = cause
+	sentinel := r.sentinel
 	r.mu.Unlock()
-	r.Evaluate(ctx)
+	if sentinel == nil && r.cfg.sentinel() {
+		return
+	}
+	r.publish(ctx, merge(sentinel, cause))
 }
 
 // Evaluate reads the sentinel once, merges the GPUs' cause, updates the
@@ -149,30 +160,37 @@ func (r *Reboot) Evaluate(ctx context.Context) apiclient.NodeCondition {
 	var sentinel *apiclient.NodeCondition
 	if r.cfg.sentinel() {
 		s := r.read(ctx)
+		if s.Status == corev1.ConditionUnknown {
+			r.errors.Inc()
+		}
 		sentinel = &s
 	}
 	r.mu.Lock()
+	r.sentinel = sentinel
 	gpu := r.gpu
 	r.mu.Unlock()
 	c := merge(sentinel, gpu)
-	switch c.Status {
-	case corev1.ConditionTrue:
+	r.publish(ctx, c)
+	return c
+}
+
+// publish sets the gauge and writes c when it differs from the last
+// condition the API accepted. Call with r.eval held.
+func (r *Reboot) publish(ctx context.Context, c apiclient.NodeCondition) {
+	if c.Status == corev1.ConditionTrue {
 		r.gauge.Set(1)
-	case corev1.ConditionUnknown:
-		r.gauge.Set(0)
-		r.errors.Inc()
-	default:
+	} else {
 		r.gauge.Set(0)
 	}
 	r.mu.Lock()
 	same := r.written != nil && *r.written == c
 	r.mu.Unlock()
 	if same || ctx.Err() != nil {
-		return c
+		return
 	}
 	if err := r.cfg.Sink.SetNodeConditions(ctx, r.clk.Now(), c); err != nil {
 		r.cfg.Log.Warn("writing the RebootRequired condition failed; retrying at the next check", "err", err)
-		return c
+		return
 	}
 	r.mu.Lock()
 	from := "none"
@@ -182,7 +200,6 @@ func (r *Reboot) Evaluate(ctx context.Context) apiclient.NodeCondition {
 	r.written = &c
 	r.mu.Unlock()
 	r.cfg.Log.Info("RebootRequired condition", "from", from, "to", string(c.Status)+"/"+c.Reason, "message", c.Message)
-	return c
 }
 
 // merge is RebootRequired from the sentinel's reading (nil: no sentinel)
