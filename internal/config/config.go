@@ -4,6 +4,8 @@ import (
 	"log/slog"
 	"strings"
 	"time"
+
+	"github.com/lifecycle-agent/lifecycle-agent/internal/maintenance"
 )
 
 // DefaultPath is the config file read when neither --config nor
@@ -76,15 +78,17 @@ type Config struct {
 	LogLevel       string
 	LogFormat      string
 
-	Host      Host
-	Shutdown  Shutdown
-	Drivers   Drivers
-	Drain     Drain
-	Reboot    Reboot
-	Needs     Needs
-	GPU       GPU
-	OSUpgrade OSUpgrade
-	Exec      Exec
+	Host        Host
+	Shutdown    Shutdown
+	Drivers     Drivers
+	Drain       Drain
+	Reboot      Reboot
+	Needs       Needs
+	GPU         GPU
+	OSUpgrade   OSUpgrade
+	Exec        Exec
+	Maintenance Maintenance
+	Gates       Gates
 
 	// sources maps each layered key to where its value came from.
 	sources map[string]string
@@ -157,6 +161,29 @@ type GPUOperator struct {
 	LabelPrefix string
 	PausedValue string
 	PodTimeout  time.Duration
+}
+
+// Maintenance is the maintenance.* section: when a disruptive event may
+// start (internal/maintenance).
+type Maintenance struct {
+	Windows maintenance.Windows // from the file only; none: any time
+}
+
+// Gates is the gates.* section: what must hold before a disruptive event
+// starts (internal/maintenance).
+type Gates struct {
+	Prometheus     GatesPrometheus
+	BlockingPods   string // label selector; "": off
+	Command        string // /bin/sh -c; exit 0 passes; "": off
+	CommandTimeout time.Duration
+}
+
+// GatesPrometheus is gates.prometheus.*.
+type GatesPrometheus struct {
+	URL          string // "": off
+	AlertNames   string // regexp on alertname; "": every alert
+	IgnoreAlerts string // regexp on alertname; "": none ignored
+	Timeout      time.Duration
 }
 
 // OSUpgrade is the osUpgrade.* section. It comes from the file only.

@@ -79,6 +79,7 @@ var (
 	// Structured, file-only kinds: read by the key's decode function.
 	kindProfiles    = &kind{doc: "map of name to profile"}
 	kindExecDrivers = &kind{doc: "list of drivers"}
+	kindWindows     = &kind{doc: "list of windows"}
 )
 
 const durationHint = "want a number and a unit, e.g. 90s, 10m, 24h"

@@ -30,18 +30,23 @@ import (
 
 // otherValue is a valid value other than the default, in env-var form.
 var otherValue = map[string]string{
-	"nodeName":                     "node-b",
-	"kubeconfig":                   "/etc/kubernetes/other.conf",
-	"journalPath":                  "/var/lib/lifecycle-agent/other.db",
-	"socketPath":                   "/run/lifecycle-agent/other.sock",
-	"metricsAddress":               "127.0.0.1:9911",
-	"gpu.services":                 "nvidia-fabricmanager.service",
-	"gpu.operator.components":      "dcgm",
-	"gpu.operator.labelPrefix":     "example.com/gpu.deploy.",
-	"gpu.operator.pausedValue":     "paused",
-	"needs.reboot.sentinelFile":    "/run/lifecycle-agent-test/reboot-required",
-	"needs.reboot.sentinelCommand": "test -e /run/lifecycle-agent-test/reboot-required",
-	"gpu.driverRoot":               "/run/nvidia/driver",
+	"nodeName":                      "node-b",
+	"kubeconfig":                    "/etc/kubernetes/other.conf",
+	"journalPath":                   "/var/lib/lifecycle-agent/other.db",
+	"socketPath":                    "/run/lifecycle-agent/other.sock",
+	"metricsAddress":                "127.0.0.1:9911",
+	"gpu.services":                  "nvidia-fabricmanager.service",
+	"gpu.operator.components":       "dcgm",
+	"gpu.operator.labelPrefix":      "example.com/gpu.deploy.",
+	"gpu.operator.pausedValue":      "paused",
+	"needs.reboot.sentinelFile":     "/run/lifecycle-agent-test/reboot-required",
+	"needs.reboot.sentinelCommand":  "test -e /run/lifecycle-agent-test/reboot-required",
+	"gpu.driverRoot":                "/run/nvidia/driver",
+	"gates.prometheus.url":          "http://127.0.0.1:9090",
+	"gates.prometheus.alertNames":   "^Node",
+	"gates.prometheus.ignoreAlerts": "^Watchdog$",
+	"gates.blockingPods":            "app=backup",
+	"gates.command":                 "test -e /run/lifecycle-agent-test/ok",
 }
 
 // notALayeredField are the keys without a Config field of their own, and
@@ -50,6 +55,8 @@ var notALayeredField = map[string]string{
 	"config":             "names the file read (TestLoad* in load_test.go)",
 	"osUpgrade.profiles": "structured; its fields are checked by TestEveryKeyIsRead",
 	"exec.drivers":       "structured; its fields are checked by TestEveryKeyIsRead",
+	"maintenance.windows": "structured; parsed into maintenance.Window values that internal/agent hands to the engine " +
+		"(Maintenance.Windows is checked by TestEveryKeyIsRead; test/e2e TestMaintenanceWindow proves the effect)",
 }
 
 func (k *key) otherValue(t *testing.T) string {
@@ -276,6 +283,9 @@ func TestEveryKeyIsRead(t *testing.T) {
 				t.Errorf("%s.%s: nothing outside internal/config reads it", typ.Name(), name)
 			}
 		}
+	}
+	if !read["Maintenance.Windows"] {
+		t.Errorf("Config.Maintenance.Windows: nothing outside internal/config reads it")
 	}
 	if !read["OSUpgrade.Profiles"] || !read["Exec.Drivers"] {
 		t.Errorf("osUpgrade.profiles or exec.drivers: nothing outside internal/config reads them")

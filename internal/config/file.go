@@ -12,6 +12,8 @@ import (
 	"syscall"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/lifecycle-agent/lifecycle-agent/internal/maintenance"
 )
 
 // maxFileSize bounds what Load reads; a config file is a few KiB.
@@ -25,6 +27,7 @@ type fileDecoder struct {
 
 	osUpgrade OSUpgrade
 	exec      Exec
+	windows   maintenance.Windows
 }
 
 func (d *fileDecoder) at(line int) string { return fmt.Sprintf("%s:%d", d.path, line) }

@@ -3,6 +3,7 @@ package config
 import (
 	"fmt"
 	"net/netip"
+	"net/url"
 	"regexp"
 	"strconv"
 	"strings"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/spf13/pflag"
 	"go.yaml.in/yaml/v3"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/validation"
 )
 
@@ -183,6 +185,49 @@ var keys = []*key{
 		field: func(c *Config) any { return &c.Needs.Reboot.Interval },
 	},
 	{
+		name: "gates.prometheus.url", kind: kindString, def: "", check: checkHTTPURL,
+		doc: "Prometheus to ask before a disruptive event starts (its /api/v1/alerts, as kured's " +
+			"--prometheus-url): while a firing alert matches gates.prometheus.alertNames and not " +
+			"gates.prometheus.ignoreAlerts, the event stays Pending naming the alerts. A Prometheus that " +
+			"does not answer blocks too. Empty: no alert gate.",
+		field: func(c *Config) any { return &c.Gates.Prometheus.URL },
+	},
+	{
+		name: "gates.prometheus.alertNames", kind: kindString, def: "", check: checkRegexp,
+		doc: "Regular expression (RE2, unanchored) an alert's alertname must match to block. Empty: " +
+			"every firing alert blocks.",
+		field: func(c *Config) any { return &c.Gates.Prometheus.AlertNames },
+	},
+	{
+		name: "gates.prometheus.ignoreAlerts", kind: kindString, def: "", check: checkRegexp,
+		doc: "Regular expression of alertnames that never block, as kured's --alert-filter-regexp " +
+			"(e.g. ^(Watchdog|RebootRequired)$). Empty: none ignored.",
+		field: func(c *Config) any { return &c.Gates.Prometheus.IgnoreAlerts },
+	},
+	{
+		name: "gates.prometheus.timeout", kind: kindDuration, def: "10s", check: positive,
+		doc:   "Longest one query of gates.prometheus.url may take; a query that times out blocks.",
+		field: func(c *Config) any { return &c.Gates.Prometheus.Timeout },
+	},
+	{
+		name: "gates.blockingPods", kind: kindString, def: "", check: checkSelector,
+		doc: "Label selector (app=backup,tier in (db)): while a pod that matches runs on this node, a " +
+			"disruptive event stays Pending naming it, as kured's --blocking-pod-selector. Empty: no pod gate.",
+		field: func(c *Config) any { return &c.Gates.BlockingPods },
+	},
+	{
+		name: "gates.command", kind: kindString, def: "",
+		doc: "A command, run by /bin/sh -c, that must exit 0 before a disruptive event starts; any other " +
+			"exit keeps the event Pending with the command's last output line. A read-only probe: it runs " +
+			"in host.mode simulate too. Empty: no command gate.",
+		field: func(c *Config) any { return &c.Gates.Command },
+	},
+	{
+		name: "gates.commandTimeout", kind: kindDuration, def: "30s", check: positive,
+		doc:   "Longest a run of gates.command may take; one that outlives it is killed and blocks.",
+		field: func(c *Config) any { return &c.Gates.CommandTimeout },
+	},
+	{
 		name: "gpu.resetMethod", kind: kindString, def: ResetMethodAuto,
 		enum: []string{ResetMethodAuto, ResetMethodNvidiaSMI, ResetMethodNVML},
 		doc: "How gpu-reset resets a GPU: nvidia-smi runs nvidia-smi --gpu-reset; nvml detaches each GPU " +
@@ -275,6 +320,27 @@ var keys = []*key{
           command: [/usr/local/sbin/bios-flash]
           timeout: 30m
           check: [/usr/local/sbin/bios-flash, --verify]
+`,
+	},
+	{
+		name: "maintenance.windows", kind: kindWindows, defDoc: "none (any time)",
+		decode: decodeWindows, fields: docFields(windowFields),
+		doc: "Weekly windows in which a disruptive event may start, as kured's --reboot-days, " +
+			"--start-time, --end-time and --time-zone. Outside every window such an event stays Pending, " +
+			"naming the next opening, and the Node says MaintenancePlanned=True reason MaintenanceWindow; " +
+			"one that started inside runs to its end. An event with parameter maintenanceWindow=ignore " +
+			"does not wait. File only: no flag, no env.",
+		example: `maintenance:
+  windows:
+    ## Weeknights 22:00-04:00 Berlin time, and all of Sunday.
+    - days: [mon, tue, wed, thu, fri]
+      start: "22:00"
+      end: "04:00"
+      timeZone: Europe/Berlin
+    - days: [sun]
+      start: "00:00"
+      end: "00:00"
+      timeZone: Europe/Berlin
 `,
 	},
 }
@@ -426,6 +492,32 @@ func lookupKey(name string) *key {
 }
 
 // --- checks -----------------------------------------------------------
+
+func checkRegexp(v any) error {
+	if _, err := regexp.Compile(v.(string)); err != nil {
+		return fmt.Errorf("invalid regular expression: %v", err)
+	}
+	return nil
+}
+
+func checkSelector(v any) error {
+	if _, err := labels.Parse(v.(string)); err != nil {
+		return fmt.Errorf("invalid label selector: %v", err)
+	}
+	return nil
+}
+
+func checkHTTPURL(v any) error {
+	s := v.(string)
+	if s == "" {
+		return nil
+	}
+	u, err := url.Parse(s)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return fmt.Errorf("invalid URL %q: want http://host:port or https://host:port", s)
+	}
+	return nil
+}
 
 func nonEmpty(v any) error {
 	if v.(string) == "" {

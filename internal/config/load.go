@@ -66,7 +66,8 @@ func Load(o Options) (*Config, error) {
 		}
 		cfg.OSUpgrade = file.osUpgrade
 		cfg.Exec = file.exec
-		for _, name := range []string{"osUpgrade.profiles", "exec.drivers"} {
+		cfg.Maintenance.Windows = file.windows
+		for _, name := range []string{"osUpgrade.profiles", "exec.drivers", "maintenance.windows"} {
 			if _, ok := file.lines[name]; ok {
 				cfg.sources[name] = file.at(file.lines[name])
 			}

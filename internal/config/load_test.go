@@ -37,6 +37,7 @@ func defaults() *Config {
 				PodTimeout:  5 * time.Minute,
 			},
 		},
+		Gates: Gates{Prometheus: GatesPrometheus{Timeout: 10 * time.Second}, CommandTimeout: 30 * time.Second},
 	}
 }
 
@@ -432,6 +433,46 @@ func TestInvalid(t *testing.T) {
 			want: `config: FILE:4: key exec.drivers[1].name: driver "lifecycle-agent.x-k8s.io/fw" is defined twice (first at line 3)`,
 		},
 		{
+			name: "maintenance window with an unknown day",
+			file: "maintenance:\n  windows:\n    - days: [mon, funday]\n      start: \"22:00\"\n      end: \"04:00\"\n",
+			want: `config: FILE:3: key maintenance.windows[0].days: unknown day "funday"; want sun, mon, tue, wed, thu, fri or sat`,
+		},
+		{
+			name: "maintenance window with a 12-hour time",
+			file: "maintenance:\n  windows:\n    - start: \"22:00\"\n      end: 4am\n",
+			want: `config: FILE:4: key maintenance.windows[0].end: invalid time of day "4am"; want HH:MM (24-hour), e.g. 22:00`,
+		},
+		{
+			name: "maintenance window without a start",
+			file: "maintenance:\n  windows:\n    - end: \"04:00\"\n",
+			want: `config: FILE:3: key maintenance.windows[0]: missing required key "start"`,
+		},
+		{
+			name: "maintenance window in the host's local zone",
+			file: "maintenance:\n  windows:\n    - {start: \"22:00\", end: \"04:00\", timeZone: Local}\n",
+			want: `config: FILE:3: key maintenance.windows[0].timeZone: want an IANA time zone name such as UTC or Europe/Berlin ("Local" is refused: it differs between hosts)`,
+		},
+		{
+			name: "maintenance window in an unknown zone",
+			file: "maintenance:\n  windows:\n    - {start: \"22:00\", end: \"04:00\", timeZone: Europe/Atlantis}\n",
+			want: `config: FILE:3: key maintenance.windows[0].timeZone: unknown time zone "Europe/Atlantis" (want an IANA name such as Europe/Berlin)`,
+		},
+		{
+			name: "alert gate with an invalid regular expression",
+			file: "gates:\n  prometheus:\n    url: http://prometheus:9090\n    ignoreAlerts: \"^(Watchdog\"\n",
+			want: "config: FILE:4: key gates.prometheus.ignoreAlerts: invalid regular expression: error parsing regexp: missing closing ): `^(Watchdog`",
+		},
+		{
+			name: "alert gate without a scheme",
+			file: "gates:\n  prometheus:\n    url: prometheus:9090\n",
+			want: `config: FILE:3: key gates.prometheus.url: invalid URL "prometheus:9090": want http://host:port or https://host:port`,
+		},
+		{
+			name: "pod gate with an invalid selector",
+			env:  map[string]string{"LIFECYCLE_AGENT_GATES_BLOCKING_PODS": "app in backup"},
+			want: `config: env LIFECYCLE_AGENT_GATES_BLOCKING_PODS: key gates.blockingPods: invalid label selector: unable to parse requirement: found 'backup' expected: '('`,
+		},
+		{
 			name: "bad duration from env",
 			env:  map[string]string{"LIFECYCLE_AGENT_EVENT_RETENTION": "banana"},
 			want: `config: env LIFECYCLE_AGENT_EVENT_RETENTION: key eventRetention: invalid duration "banana" (want a number and a unit, e.g. 90s, 10m, 24h)`,
@@ -764,6 +805,50 @@ exec:
 	}
 	if src := cfg.Source("exec.drivers"); src != cfg.Path+":11" {
 		t.Errorf("Source(exec.drivers) = %q", src)
+	}
+}
+
+func TestMaintenanceSections(t *testing.T) {
+	isolate(t)
+	cfg, err := load(t, `
+maintenance:
+  windows:
+    - days: [Mon, friday]
+      start: "22:00"
+      end: "04:00"
+      timeZone: Europe/Berlin
+    - start: "12:00:30"
+      end: "13:00"
+gates:
+  prometheus:
+    url: https://prometheus.monitoring:9090
+    alertNames: "^Node"
+    ignoreAlerts: "^(Watchdog|RebootRequired)$"
+  blockingPods: "app=backup,tier in (db)"
+  command: "test -e /run/ok"
+  commandTimeout: 5s
+`, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ws := cfg.Maintenance.Windows
+	if len(ws) != 2 {
+		t.Fatalf("windows: %+v", ws)
+	}
+	if got, want := ws[0].String(), "mon,fri 22:00-04:00 Europe/Berlin"; got != want {
+		t.Errorf("window 0 = %q, want %q", got, want)
+	}
+	if got, want := ws[1].String(), "every day 12:00:30-13:00 UTC"; got != want {
+		t.Errorf("window 1 = %q, want %q", got, want)
+	}
+	want := Gates{Prometheus: GatesPrometheus{URL: "https://prometheus.monitoring:9090", AlertNames: "^Node",
+		IgnoreAlerts: "^(Watchdog|RebootRequired)$", Timeout: 10 * time.Second},
+		BlockingPods: "app=backup,tier in (db)", Command: "test -e /run/ok", CommandTimeout: 5 * time.Second}
+	if cfg.Gates != want {
+		t.Errorf("gates:\n got %+v\nwant %+v", cfg.Gates, want)
+	}
+	if src := cfg.Source("maintenance.windows"); src != cfg.Path+":3" {
+		t.Errorf("Source(maintenance.windows) = %q", src)
 	}
 }
 

@@ -80,7 +80,7 @@ func Reference() []byte {
 			continue
 		}
 		item := k.name + ".<name>"
-		if k.kind == kindExecDrivers {
+		if k.kind == kindExecDrivers || k.kind == kindWindows {
 			item = k.name + "[]"
 		}
 		w("\n## %s\n\nFields of `%s`:\n\n", k.name, item)

@@ -105,7 +105,10 @@ func TestExampleUncommented(t *testing.T) {
 		t.Errorf("want one example profile and one example exec driver, got %+v and %+v", got.OSUpgrade.Profiles, got.Exec.Drivers)
 	}
 	rest := valuesOf(got)
-	rest.OSUpgrade, rest.Exec = OSUpgrade{}, Exec{}
+	if len(got.Maintenance.Windows) != 2 {
+		t.Errorf("want the example's two maintenance windows, got %v", got.Maintenance.Windows)
+	}
+	rest.OSUpgrade, rest.Exec, rest.Maintenance = OSUpgrade{}, Exec{}, Maintenance{}
 	if !reflect.DeepEqual(rest, *defaults()) {
 		t.Errorf("uncommented example differs from the defaults:\n got %+v\nwant %+v", rest, *defaults())
 	}

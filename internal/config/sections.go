@@ -10,6 +10,8 @@ import (
 
 	"go.yaml.in/yaml/v3"
 	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/lifecycle-agent/lifecycle-agent/internal/maintenance"
 )
 
 // The file-only sections osUpgrade.profiles and exec.drivers hold commands
@@ -425,5 +427,88 @@ func decodeExecDrivers(d *fileDecoder, n *yaml.Node, at string) error {
 		drivers = append(drivers, e)
 	}
 	d.exec.Drivers = drivers
+	return nil
+}
+
+// --- maintenance.windows -------------------------------------------------
+
+var windowFields = []field[maintenance.Window]{
+	{
+		name: "days", typ: "list of strings", def: "",
+		doc: "Days the window opens on: sun, mon, tue, wed, thu, fri, sat (or the full names). " +
+			"Absent: every day. A window that crosses midnight belongs to the day it opens.",
+		decode: func(d *fileDecoder, n *yaml.Node, at string, dst *maintenance.Window) error {
+			names, err := nodeStrings(n)
+			if err == nil && len(names) == 0 {
+				err = errors.New("want at least one day (leave the key out for every day)")
+			}
+			if err == nil {
+				dst.Days, err = maintenance.ParseDays(names)
+			}
+			if err != nil {
+				return fieldErr(d, n, at, err)
+			}
+			return nil
+		},
+	},
+	{
+		name: "start", typ: "string", required: true,
+		doc: "Time of day the window opens, HH:MM (24-hour; HH:MM:SS also read), in timeZone.",
+		decode: func(d *fileDecoder, n *yaml.Node, at string, dst *maintenance.Window) error {
+			s, err := nodeString(n)
+			if err == nil {
+				dst.Start, err = maintenance.ParseClock(s)
+			}
+			if err != nil {
+				return fieldErr(d, n, at, err)
+			}
+			return nil
+		},
+	},
+	{
+		name: "end", typ: "string", required: true,
+		doc: "Time of day the window closes, HH:MM. Not after start: it closes the next day " +
+			"(22:00 to 04:00); equal to start: open 24 hours.",
+		decode: func(d *fileDecoder, n *yaml.Node, at string, dst *maintenance.Window) error {
+			s, err := nodeString(n)
+			if err == nil {
+				dst.End, err = maintenance.ParseClock(s)
+			}
+			if err != nil {
+				return fieldErr(d, n, at, err)
+			}
+			return nil
+		},
+	},
+	{
+		name: "timeZone", typ: "string", def: "UTC",
+		doc: "IANA time zone of start and end (Europe/Berlin), as kured's --time-zone; \"Local\" is refused.",
+		decode: func(d *fileDecoder, n *yaml.Node, at string, dst *maintenance.Window) error {
+			s, err := nodeString(n)
+			if err == nil {
+				dst.Loc, err = maintenance.LoadZone(s)
+			}
+			if err != nil {
+				return fieldErr(d, n, at, err)
+			}
+			return nil
+		},
+	},
+}
+
+func decodeWindows(d *fileDecoder, n *yaml.Node, at string) error {
+	n = deref(n)
+	if n.Kind != yaml.SequenceNode {
+		return fieldErr(d, n, at, fmt.Errorf("want a list of windows, got %s", describe(n)))
+	}
+	var out maintenance.Windows
+	for i, item := range n.Content {
+		var w maintenance.Window
+		if _, err := decodeFields(d, item, fmt.Sprintf("%s[%d]", at, i), windowFields, &w); err != nil {
+			return err
+		}
+		out = append(out, w)
+	}
+	d.windows = out
 	return nil
 }
