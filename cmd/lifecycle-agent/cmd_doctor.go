@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"math"
 	"os"
 	"strings"
@@ -20,6 +21,7 @@ import (
 	"github.com/lifecycle-agent/lifecycle-agent/internal/devices"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/host"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/journal"
+	"github.com/lifecycle-agent/lifecycle-agent/internal/maintenance"
 )
 
 // Bounds of the checks that do not talk to the API (those use apiTimeout).
@@ -115,6 +117,7 @@ func runDoctor(ctx context.Context, e *env, o doctorOptions) error {
 	doctorAPI(ctx, e.cfg, report)
 	report(doctorLogind(ctx, e.cfg))
 	report(doctorNVML(ctx, e.cfg))
+	report(doctorMaintenance(ctx, e.cfg, time.Now())...)
 
 	bad := 0
 	for _, c := range checks {
@@ -456,4 +459,67 @@ func doctorNVML(ctx context.Context, cfg *config.Config) check {
 		gpus = "1 GPU"
 	}
 	return pass("nvml", "%s; gpu-reset driver %s", gpus, state)
+}
+
+// doctorMaintenance reports the maintenance windows and evaluates each
+// configured gate once, as the engine would before a disruptive event: a
+// gate that cannot be evaluated fails (it would hold every such event); one
+// that blocks now passes, naming what blocks. Nothing configured: no line.
+func doctorMaintenance(ctx context.Context, cfg *config.Config, now time.Time) []check {
+	var out []check
+	if ws := cfg.Maintenance.Windows; len(ws) > 0 {
+		if msg := ws.Wait(now); msg != "" {
+			out = append(out, pass("window", "closed now: %s", strings.TrimPrefix(msg, "waiting for a maintenance window: ")))
+		} else {
+			out = append(out, pass("window", "open now: disruptive events may start"))
+		}
+	}
+	var pods maintenance.PodLister
+	if cfg.Gates.BlockingPods != "" {
+		api, err := doctorPodLister(cfg)
+		if err != nil {
+			out = append(out, fail("gate pods", "fix the kubeconfig (see the api line)", "cannot be evaluated: %v", err))
+		} else {
+			pods = api
+		}
+	}
+	gates, err := daemon.Gates(cfg, pods, slog.New(slog.DiscardHandler))
+	if err != nil {
+		return append(out, fail("gates", "fix gates.* in "+cfg.Path, "%v", err))
+	}
+	fixes := map[string]string{
+		"command":    "run it by hand (/bin/sh -c '" + cfg.Gates.Command + "') as root; until it can run, disruptive events wait",
+		"pods":       "the node's identity must list pods on this node (Node authorizer); see the api and rbac lines",
+		"prometheus": "gates.prometheus.url must serve Prometheus' HTTP API (/api/v1/alerts) to this node; until it answers, disruptive events wait",
+	}
+	for _, g := range gates {
+		if g.Name() == "pods" && pods == nil {
+			continue
+		}
+		gctx, cancel := context.WithTimeout(ctx, doctorGateTimeout)
+		b, err := g.Check(gctx)
+		cancel()
+		name := "gate " + g.Name()
+		switch {
+		case err != nil:
+			out = append(out, fail(name, fixes[g.Name()], "cannot be evaluated: %v", err))
+		case len(b) > 0:
+			out = append(out, pass(name, "evaluates; blocks disruptive events now: %s", strings.Join(b, "; ")))
+		default:
+			out = append(out, pass(name, "evaluates; passes now"))
+		}
+	}
+	return out
+}
+
+// doctorGateTimeout bounds one gate's evaluation (each gate has its own
+// timeout too: gates.commandTimeout, gates.prometheus.timeout).
+const doctorGateTimeout = 45 * time.Second
+
+func doctorPodLister(cfg *config.Config) (maintenance.PodLister, error) {
+	rc, err := apiclient.LoadConfig(cfg.Kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	return apiclient.New(rc, cfg.NodeName, cfg.APITimeout)
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"math"
 	"os"
 	"path/filepath"
@@ -12,6 +13,7 @@ import (
 	"github.com/lifecycle-agent/lifecycle-agent/internal/apiclient"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/config"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/host/logindtest"
+	"github.com/lifecycle-agent/lifecycle-agent/internal/maintenance"
 )
 
 func TestDoctorClock(t *testing.T) {
@@ -187,6 +189,22 @@ func TestDoctorOffline(t *testing.T) {
 			},
 			stderr: "lifecycle-agent: doctor: 3 of 5 checks failed",
 		},
+		{
+			name: "gates: a command that blocks, a Prometheus that does not answer",
+			env: []string{noBus, "LIFECYCLE_AGENT_JOURNAL_PATH=" + filepath.Join(dir, "absent.db"),
+				"LIFECYCLE_AGENT_GATES_COMMAND=echo backup running; exit 3", "LIFECYCLE_AGENT_GATES_PROMETHEUS_URL=http://127.0.0.1:1"},
+			want: []string{
+				q("✓ config: ") + ".*",
+				q("✓ journal: ") + ".*",
+				q(apiLine),
+				q("✗ logind: ") + ".*",
+				`✓ nvml: .*`,
+				q("✓ gate command: evaluates; blocks disruptive events now: `echo backup running; exit 3` exited 3: backup running"),
+				q("✗ gate prometheus: cannot be evaluated: http://127.0.0.1:1: ") + ".*connection refused" +
+					q(" — fix: gates.prometheus.url must serve Prometheus' HTTP API (/api/v1/alerts) to this node; until it answers, disruptive events wait"),
+			},
+			stderr: "lifecycle-agent: doctor: 3 of 7 checks failed",
+		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -241,5 +259,23 @@ func TestDoctorWhoAmIFailure(t *testing.T) {
 				t.Errorf("SelfSubjectReview's failure points at the manifests: %s", got)
 			}
 		})
+	}
+}
+
+func TestDoctorWindow(t *testing.T) {
+	utc := time.UTC
+	cfg := &config.Config{Maintenance: config.Maintenance{Windows: maintenance.Windows{
+		{Days: []time.Weekday{time.Saturday}, Start: 2 * time.Hour, End: 6 * time.Hour, Loc: utc}}}}
+	wed := time.Date(2026, 12, 2, 12, 0, 0, 0, utc)
+	got := doctorMaintenance(context.Background(), cfg, wed)
+	if len(got) != 1 || got[0].String() != "✓ window: closed now: the next opens Sat 2026-12-05 02:00 UTC (window sat 02:00-06:00 UTC)" {
+		t.Errorf("Wednesday: %v", got)
+	}
+	got = doctorMaintenance(context.Background(), cfg, time.Date(2026, 12, 5, 3, 0, 0, 0, utc))
+	if len(got) != 1 || got[0].String() != "✓ window: open now: disruptive events may start" {
+		t.Errorf("Saturday 03:00: %v", got)
+	}
+	if got := doctorMaintenance(context.Background(), &config.Config{}, wed); len(got) != 0 {
+		t.Errorf("nothing configured: %v", got)
 	}
 }

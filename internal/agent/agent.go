@@ -218,11 +218,16 @@ func Run(ctx context.Context, o Options) error {
 		former = append(former, legacy)
 	}
 	api.FormerIdentities = former
+	gates, err := Gates(cfg, api, log)
+	if err != nil {
+		return err
+	}
 	eng, err := engine.New(engine.Config{
 		Node: cfg.NodeName, Identity: identity, FormerIdentities: former, API: api, Journal: j, Drivers: drv, Host: hostOps,
 		Clock: clk, Log: log, EventRetention: cfg.EventRetention, Metrics: metrics,
 		Notify:          func(s string) { notify("STATUS", s) },
 		UnfilteredWatch: o.UnfilteredWatch,
+		Windows:         cfg.Maintenance.Windows, Gates: gates,
 	})
 	if err != nil {
 		return err

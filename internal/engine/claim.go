@@ -137,7 +137,7 @@ func (e *Engine) markQueue(ctx context.Context, waiting []*v1alpha1.LifecycleEve
 }
 
 // queueForSlot marks ev Pending on its disruption budget, naming the
-// holders, and the Node MaintenancePlanned=True.
+// holders.
 func (e *Engine) queueForSlot(ctx context.Context, ev *v1alpha1.LifecycleEvent) {
 	d := ev.Spec.Disruption
 	holders, err := e.cfg.API.SlotHolders(ctx, d.Group, int(d.MaxConcurrent))
@@ -146,9 +146,15 @@ func (e *Engine) queueForSlot(ctx context.Context, ev *v1alpha1.LifecycleEvent) 
 		held = "unknown"
 	}
 	msg := fmt.Sprintf("waiting for one of %d disruption slots of group %s (held by %s)", d.MaxConcurrent, d.Group, held)
-	e.markPending(ctx, ev, msg, true)
 	e.slotQueued = true
-	cond := apiclient.NodeCondition{Type: v1alpha1.NodeConditionMaintenancePlanned, Status: corev1.ConditionTrue, Reason: causeOf(ev),
+	e.queuePlanned(ctx, ev, msg, causeOf(ev), true)
+}
+
+// queuePlanned marks ev Pending with msg (slotWait: on its disruption
+// budget) and the Node MaintenancePlanned=True with reason and msg.
+func (e *Engine) queuePlanned(ctx context.Context, ev *v1alpha1.LifecycleEvent, msg, reason string, slotWait bool) {
+	e.markPending(ctx, ev, msg, slotWait)
+	cond := apiclient.NodeCondition{Type: v1alpha1.NodeConditionMaintenancePlanned, Status: corev1.ConditionTrue, Reason: reason,
 		Message: eventMsg(ev.Name, ev.Spec.TransitionName, msg)}
 	if err := e.cfg.API.SetNodeConditions(ctx, e.cfg.Clock.Now(), cond); err != nil {
 		e.log.Warn("posting MaintenancePlanned failed; will retry", "event", ev.Name, "err", err)
@@ -248,10 +254,22 @@ func (e *Engine) claim(ctx context.Context, cached *v1alpha1.LifecycleEvent) (*a
 		e.markPending(ctx, ev, fmt.Sprintf("waiting: LifecycleTransition %q does not apply to node %s", lt.Name, e.cfg.Node), false)
 		return nil, nil
 	}
-	params, planErr := e.resolve(ctx, d, ev.Spec.Parameters)
+	params, opts, planErr := splitParams(ev.Spec.Parameters)
+	if planErr == nil {
+		params, planErr = e.resolve(ctx, d, params)
+	}
 	var steps []drivers.Step
 	if planErr == nil {
 		steps, planErr = d.Plan(params)
+	}
+
+	// A maintenance window and the gates, before the slot: an event that
+	// waits for them stays Pending, holds no slot, and its sla does not run.
+	if !adopt && planErr == nil {
+		if msg, reason := e.startWait(ctx, ev, steps, opts, now); msg != "" {
+			e.queuePlanned(ctx, ev, msg, reason, false)
+			return nil, nil
+		}
 	}
 
 	// The disruption slot before the claim (DESIGN §6): until one is free
@@ -278,7 +296,8 @@ func (e *Engine) claim(ctx context.Context, cached *v1alpha1.LifecycleEvent) (*a
 	if err := e.cfg.API.AcquireNodeLease(ctx, holder, now); err != nil {
 		return nil, err
 	}
-	a := &active{name: ev.Name, uid: string(ev.UID), driver: d, steps: steps, tn: lt.Name, params: params, slot: slot}
+	a := &active{name: ev.Name, uid: string(ev.UID), driver: d, steps: steps, tn: lt.Name, params: params, slot: slot,
+		planned: e.planned == ev.Name}
 	fin := ev // the object the finalizer is added to: the claim's result when we claim
 	if adopt {
 		a.status = ev.Status
@@ -420,6 +439,9 @@ func (e *Engine) snapshot(a *active, st journal.EventState, push ...journal.Outb
 	if slot := a.heldSlot(); slot != "" {
 		attrs["slot"] = slot
 	}
+	if a.planned {
+		attrs["planned"] = "true"
+	}
 	if a.outcome != 0 {
 		attrs["outcome"] = strconv.Itoa(int(a.outcome))
 		attrs["outcomeMessage"] = a.outcomeMsg
@@ -452,7 +474,7 @@ func (e *Engine) resume(r journal.EventRecord) (*active, error) {
 		return a, nil
 	}
 	// The plan fixed at claim, never a fresh resolution against the host.
-	params := ev.Spec.Parameters
+	params, _, _ := splitParams(ev.Spec.Parameters) // older journals: no "params"
 	if raw, ok := r.Attrs["params"]; ok {
 		params = nil
 		if err := json.Unmarshal([]byte(raw), &params); err != nil {
@@ -461,7 +483,7 @@ func (e *Engine) resume(r journal.EventRecord) (*active, error) {
 	}
 	steps, planErr := d.Plan(params)
 	a := &active{name: r.Name, uid: r.UID, driver: d, steps: steps, ev: &ev, status: ev.Status, params: params,
-		tn: r.Attrs["transition"], slot: r.Attrs["slot"], jstate: r.State, failNow: planErr, resumed: true}
+		tn: r.Attrs["transition"], slot: r.Attrs["slot"], jstate: r.State, failNow: planErr, resumed: true, planned: r.Attrs["planned"] == "true"}
 	if a.status.Sla != nil {
 		a.deadline = a.status.Sla.Time
 	}

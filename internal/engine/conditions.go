@@ -172,6 +172,10 @@ func (a *active) eventConditions(end journal.Outcome) []apiclient.NodeCondition 
 			out = append(out, cond(v1alpha1.NodeConditionMaintenancePlanned, false, endCause(end), msg("ended "+strings.ToLower(end.String())+" before its disruption slot")))
 		}
 	}
+	if a.planned && (a.ev == nil || a.ev.Spec.Disruption == nil) {
+		// It waited for a maintenance window or the gates; it runs now.
+		out = append(out, cond(v1alpha1.NodeConditionMaintenancePlanned, false, ReasonMaintenanceStarted, msg("started")))
+	}
 	started := func(n string) bool { st, ok := state[n]; return ok && st != v1alpha1.StepPending }
 	if drains && (started("cordon") || started("evict")) {
 		criteria := done("wait-empty")

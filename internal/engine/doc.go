@@ -53,5 +53,13 @@
 // it waits, condition WaitingForDisruptionBudget is True. The slot is kept,
 // renewed and recorded in the journal until the event ends.
 //
+// Windows and gates (Config.Windows, Config.Gates; internal/maintenance):
+// an event with a disruptive step is claimed only inside a maintenance
+// window and when every gate passes. They are checked before the slot and
+// the claim; until then the event is Pending saying why, and the Node's
+// MaintenancePlanned=True names it. Parameters maintenanceWindow=ignore and
+// gates=ignore are the engine's own (splitParams): the driver never sees
+// them.
+//
 // All time comes from the injected clock; the engine never sleeps.
 package engine

@@ -21,6 +21,7 @@ import (
 	"github.com/lifecycle-agent/lifecycle-agent/internal/apiclient"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/drivers"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/journal"
+	"github.com/lifecycle-agent/lifecycle-agent/internal/maintenance"
 )
 
 // Config wires an Engine. Every field but Metrics and Notify is required.
@@ -47,6 +48,10 @@ type Config struct {
 	// Notify receives a one-line state for systemd's STATUS=.
 	Notify  func(status string)
 	Metrics *Metrics
+	// Windows: a disruptive event starts only inside one (none: any time).
+	Windows maintenance.Windows
+	// Gates must pass before a disruptive event starts.
+	Gates []maintenance.Gate
 	// UnfilteredWatch watches every LifecycleEvent instead of this node's
 	// (spec.bindingNode, filtered by the server). Only bench/ sets it, to
 	// measure what the server-side filter saves; candidates() still keeps
@@ -75,7 +80,12 @@ type Engine struct {
 	planned     string
 	plannedRead bool
 	slotQueued  bool // an event waits for a disruption slot: look again soon
-	watch       *apiclient.EventWatch
+	// The gates' last blockers, how many evaluations in a row blocked, and
+	// when they are evaluated again (startWait).
+	gateBlockers []string
+	gateFails    int
+	gateNext     time.Time
+	watch        *apiclient.EventWatch
 
 	beat atomic.Int64 // UnixNano of the engine's last sign of progress (Healthy)
 

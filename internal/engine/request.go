@@ -48,7 +48,11 @@ func (e *Engine) Request(ctx context.Context, driver string, params map[string]s
 		}
 		return RequestResult{}, fmt.Errorf("%w: %q (enabled: %s)", ErrUnknownDriver, driver, strings.Join(names, ", "))
 	}
-	if _, err := d.Plan(params); err != nil {
+	dp, _, err := splitParams(params)
+	if err != nil {
+		return RequestResult{}, err
+	}
+	if _, err := d.Plan(dp); err != nil {
 		return RequestResult{}, err
 	}
 	now := e.cfg.Clock.Now().UTC()
@@ -58,7 +62,7 @@ func (e *Engine) Request(ctx context.Context, driver string, params map[string]s
 		Spec:       v1alpha1.LifecycleEventSpec{TransitionName: TransitionName(e.cfg.Node, d), BindingNode: e.cfg.Node, Parameters: params},
 	}
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	_, err := e.cfg.API.LC.Events.Create(cctx, ev, metav1.CreateOptions{})
+	_, err = e.cfg.API.LC.Events.Create(cctx, ev, metav1.CreateOptions{})
 	cancel()
 	if err == nil {
 		e.log.Info("request created", "event", name, "driver", d.Name())

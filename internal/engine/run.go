@@ -33,6 +33,10 @@ type active struct {
 	nodeStarted   bool   // the Node condition "in progress" is queued
 	lastNode      string // the Node conditions last queued (pushNode)
 	resumed       bool   // from the journal after a restart (not claimed by this process)
+	// planned: the Node's MaintenancePlanned=True named this event when it
+	// was claimed (it waited for a window or the gates): its conditions
+	// set it False. Journaled ("planned"), for a replay's conditions.
+	planned bool
 	// returned: the abort undid everything, the cordon included, so a
 	// drain this event completed no longer holds (Drained=False/
 	// ReturnedToService). Set again when an abort is replayed; the
