@@ -32,6 +32,16 @@ generate: ## deepcopy and CRDs (controller-gen, pinned in hack/tools)
 kubebin: ## build (cached) the test control plane: kube-apiserver, etcd, kube-controller-manager
 	hack/kubebin.sh
 
+prombin: ## build (cached) a real Prometheus for make test-prometheus (cold: about 12 CPU-minutes)
+	hack/prombin.sh
+
+# The alert gate against a real Prometheus. Not in make test: the cold
+# build of Prometheus alone would take a third of CI's budget; make test
+# checks the gate against a server of the documented wire format.
+.PHONY: prombin test-prometheus
+test-prometheus: prombin ## the alert gate (gates.prometheus.*) against a real Prometheus built from the module proxy
+	$(GO) test -tags $(TAGS),prometheus -count=1 -v -run '^TestPrometheusGateRealServer$$' ./internal/maintenance/
+
 lint: ## gofmt + go vet
 	@bad=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$bad" ]; then echo "gofmt needed:"; echo "$$bad"; exit 1; fi
 	$(GO) vet -tags $(TAGS) ./...

@@ -60,6 +60,6 @@
 // The GPU reset and replacement needs are internal/gpuhealth's own
 // conditions (GPUResetRequired, GPUReplacementRequired).
 //
-// Not here yet (issue 15): automatic requests, windows, gates and
-// notifications.
+// Windows and gates are internal/maintenance's. Not here yet (issue 15):
+// automatic requests and notifications.
 package needs
