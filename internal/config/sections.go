@@ -160,6 +160,23 @@ func argvField[T any](get func(*T) *[]string, optional bool) func(*fileDecoder, 
 	}
 }
 
+// parsedField decodes a string and converts it with parse (a time of day,
+// a time zone).
+func parsedField[T, V any](get func(*T) *V, parse func(string) (V, error)) func(*fileDecoder, *yaml.Node, string, *T) error {
+	return func(d *fileDecoder, n *yaml.Node, at string, dst *T) error {
+		s, err := nodeString(n)
+		var v V
+		if err == nil {
+			v, err = parse(s)
+		}
+		if err != nil {
+			return fieldErr(d, n, at, err)
+		}
+		*get(dst) = v
+		return nil
+	}
+}
+
 func checkArgv(argv []string) error {
 	if len(argv) == 0 {
 		return errors.New("want a command: a non-empty list such as [/usr/bin/true]")
@@ -453,46 +470,19 @@ var windowFields = []field[maintenance.Window]{
 	},
 	{
 		name: "start", typ: "string", required: true,
-		doc: "Time of day the window opens, HH:MM (24-hour; HH:MM:SS also read), in timeZone.",
-		decode: func(d *fileDecoder, n *yaml.Node, at string, dst *maintenance.Window) error {
-			s, err := nodeString(n)
-			if err == nil {
-				dst.Start, err = maintenance.ParseClock(s)
-			}
-			if err != nil {
-				return fieldErr(d, n, at, err)
-			}
-			return nil
-		},
+		doc:    "Time of day the window opens, HH:MM (24-hour; HH:MM:SS also read), in timeZone.",
+		decode: parsedField(func(w *maintenance.Window) *time.Duration { return &w.Start }, maintenance.ParseClock),
 	},
 	{
 		name: "end", typ: "string", required: true,
 		doc: "Time of day the window closes, HH:MM. Not after start: it closes the next day " +
 			"(22:00 to 04:00); equal to start: open 24 hours.",
-		decode: func(d *fileDecoder, n *yaml.Node, at string, dst *maintenance.Window) error {
-			s, err := nodeString(n)
-			if err == nil {
-				dst.End, err = maintenance.ParseClock(s)
-			}
-			if err != nil {
-				return fieldErr(d, n, at, err)
-			}
-			return nil
-		},
+		decode: parsedField(func(w *maintenance.Window) *time.Duration { return &w.End }, maintenance.ParseClock),
 	},
 	{
 		name: "timeZone", typ: "string", def: "UTC",
-		doc: "IANA time zone of start and end (Europe/Berlin), as kured's --time-zone; \"Local\" is refused.",
-		decode: func(d *fileDecoder, n *yaml.Node, at string, dst *maintenance.Window) error {
-			s, err := nodeString(n)
-			if err == nil {
-				dst.Loc, err = maintenance.LoadZone(s)
-			}
-			if err != nil {
-				return fieldErr(d, n, at, err)
-			}
-			return nil
-		},
+		doc:    "IANA time zone of start and end (Europe/Berlin), as kured's --time-zone; \"Local\" is refused.",
+		decode: parsedField(func(w *maintenance.Window) **time.Location { return &w.Loc }, maintenance.LoadZone),
 	},
 }
 

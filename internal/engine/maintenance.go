@@ -69,6 +69,9 @@ func disruptive(steps []drivers.Step) bool {
 	return false
 }
 
+// gatePassValid is how long a pass of the gates stands.
+const gatePassValid = 10 * time.Second
+
 // gateRecheck is the back-off between evaluations of blocked gates: 10 s,
 // doubling to 2 minutes; a pass resets it.
 func gateRecheck(fails int) time.Duration {
@@ -79,7 +82,7 @@ func gateRecheck(fails int) time.Duration {
 // maintenance window, or held by a gate. It runs before the disruption slot
 // and the claim, so a waiting event holds no slot and its sla does not run.
 // The gates are evaluated on a back-off; between evaluations their last
-// blockers stand.
+// blockers stand, and a pass stands for gatePassValid.
 func (e *Engine) startWait(ctx context.Context, ev *v1alpha1.LifecycleEvent, steps []drivers.Step, o startOpts, now time.Time) (msg, reason string) {
 	if !disruptive(steps) {
 		return "", ""
@@ -92,10 +95,14 @@ func (e *Engine) startWait(ctx context.Context, ev *v1alpha1.LifecycleEvent, ste
 	if o.ignoreGates || len(e.cfg.Gates) == 0 {
 		return "", ""
 	}
-	if e.gateFails == 0 || !now.Before(e.gateNext) {
+	if !now.Before(e.gateNext) {
 		e.gateBlockers = maintenance.Blockers(ctx, e.cfg.Gates)
 		if len(e.gateBlockers) == 0 {
+			// A pass stands for gatePassValid: an event that goes on to
+			// wait for a disruption slot (polled every 2 s) does not query
+			// Prometheus or run the command at each poll.
 			e.gateFails = 0
+			e.gateNext = now.Add(gatePassValid)
 		} else {
 			e.gateFails++
 			e.gateNext = now.Add(gateRecheck(e.gateFails))

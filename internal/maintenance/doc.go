@@ -32,7 +32,9 @@
 //     finishing late. Choose windows longer than the events' sla.
 //   - The gates are checked at the same point, the last safe point before
 //     the first disruptive step. While they block they are evaluated again
-//     on a back-off (10 s, doubling to 2 minutes); a pass resets it. A gate
+//     on a back-off (10 s, doubling to 2 minutes); a pass resets it and
+//     stands for 10 s (an event that then waits for a disruption slot,
+//     polled every 2 s, does not query Prometheus at each poll). A gate
 //     that cannot be evaluated (Prometheus unreachable, a command that times
 //     out) blocks: "unknown" never lets a reboot through.
 //   - Per event, parameter maintenanceWindow=ignore skips the windows and

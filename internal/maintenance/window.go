@@ -149,12 +149,10 @@ func (ws Windows) Wait(now time.Time) string {
 		if open {
 			return ""
 		}
-		if !n.IsZero() && (next.IsZero() || n.Before(next)) {
+		// Every window opens within a week: n is set.
+		if next.IsZero() || n.Before(next) {
 			next, nextW = n, w
 		}
-	}
-	if next.IsZero() {
-		return "waiting for a maintenance window: none of the configured windows ever opens"
 	}
 	return fmt.Sprintf("waiting for a maintenance window: the next opens %s (window %s)",
 		next.In(nextW.Loc).Format("Mon 2006-01-02 15:04 MST"), nextW)
