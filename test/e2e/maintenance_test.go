@@ -2,9 +2,12 @@ package e2e
 
 import (
 	"context"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -190,5 +193,47 @@ func TestGates(t *testing.T) {
 	}
 	if c := nodeCondition(getNode(t, node), v1alpha1.NodeConditionMaintenancePlanned); c == nil || c.Status != corev1.ConditionFalse {
 		t.Fatalf("MaintenancePlanned after the event: %+v", c)
+	}
+}
+
+// The alert gate through the agent's wiring (gates.prometheus.url,
+// ignoreAlerts): a server that answers /api/v1/alerts in Prometheus'
+// documented wire format (a real Prometheus: make test-prometheus, in
+// internal/maintenance) fires NodeDown and Watchdog; the event waits naming
+// NodeDown only (Watchdog is ignored); once NodeDown stops, it runs.
+func TestAlertGate(t *testing.T) {
+	node := "alerts-node"
+	newNode(t, node)
+	var mu sync.Mutex
+	alerts := `[{"labels":{"alertname":"NodeDown"},"state":"firing","activeAt":"2026-12-02T10:00:00Z","value":"1"},` +
+		`{"labels":{"alertname":"Watchdog"},"state":"firing","activeAt":"2026-12-02T10:00:00Z","value":"1"}]`
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/api/v1/alerts" {
+			http.NotFound(w, r)
+			return
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"status":"success","data":{"alerts":` + alerts + `}}`))
+	}))
+	t.Cleanup(srv.Close)
+	startAgent(t, node, agentOpts{retention: time.Hour, configure: func(c *config.Config) {
+		flashDriver(c)
+		c.Gates.Prometheus.URL = srv.URL
+		c.Gates.Prometheus.IgnoreAlerts = "^Watchdog$"
+	}})
+	waitTransition(t, transitionName(node, "flash"))
+	createEvent(t, "alerted", node, transitionName(node, "flash"), nil, nil)
+	ev := waitPending(t, "alerted", "waiting for gates: prometheus: alert NodeDown is firing")
+	if strings.Contains(ev.Status.Message, "Watchdog") {
+		t.Fatalf("an ignored alert is named: %q", ev.Status.Message)
+	}
+	waitPlanned(t, node, "alerted", "AdminRequested", "alert NodeDown is firing")
+	mu.Lock()
+	alerts = `[{"labels":{"alertname":"Watchdog"},"state":"firing","activeAt":"2026-12-02T10:00:00Z","value":"1"}]`
+	mu.Unlock()
+	if ev := waitEvent(t, "alerted", time.Minute); ev.Status.ClaimStatus != v1alpha1.LifecycleEventSucceeded {
+		t.Fatalf("after NodeDown stopped: %s %q", ev.Status.ClaimStatus, ev.Status.Message)
 	}
 }
