@@ -256,10 +256,20 @@ func checkRecords(tx *bolt.Tx) error {
 	if err != nil {
 		return err
 	}
-	return tx.Bucket(bucketHistory).ForEach(func(k, v []byte) error {
+	err = tx.Bucket(bucketHistory).ForEach(func(k, v []byte) error {
 		_, err := decodeHistory(k, v)
 		return wrapKey(err, "history/%x", k)
 	})
+	if err != nil {
+		return err
+	}
+	if b := tx.Bucket(bucketNotify); b != nil { // optional (notices.go)
+		return b.ForEach(func(k, v []byte) error {
+			_, err := decodeNotice(k, v)
+			return wrapKey(err, "notify/%x", k)
+		})
+	}
+	return nil
 }
 
 func wrapKey(err error, format string, args ...any) error {

@@ -19,6 +19,10 @@
 //	                         ("cordon/node-a", "annotation/node-a/<key>")
 //	history/<seq>            HistoryRecord: a finished event with its steps;
 //	                         at most Options.HistoryCap, the oldest dropped first
+//	notify/<seq>             Notice: a message for people about an event, not yet
+//	                         delivered to every notification target; optional
+//	                         (created on first use, added without a version bump:
+//	                         a build that predates it never reads it)
 //
 // <seq> is 8 bytes, big-endian uint64, from the bucket's NextSequence: byte
 // order is numeric order, so a cursor walks a log oldest first and
@@ -37,7 +41,10 @@
 // # Schema versions and migration
 //
 // SchemaVersion is the version this build reads and writes. Any change to the
-// layout or to a record's format bumps it. On Open:
+// layout or to a record's format bumps it, with one exception: a new
+// top-level bucket that no older reader looks at, created on first use and
+// read as empty where it is missing (notify), is added within a version, so
+// that a downgrade keeps the file. On Open:
 //   - a file written by a newer agent is refused with an error wrapping
 //     ErrSchemaTooNew that names the file and both versions, and the file is
 //     left byte-for-byte untouched (it is read only through a read-only open);

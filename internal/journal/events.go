@@ -10,7 +10,7 @@ import (
 // snapshot with the same UID. V is set by the journal, Updated when zero.
 // The outbox entries given are pushed (as OutboxPush does, in order) in the
 // same transaction: an end state journaled is never without the writes
-// that report it.
+// that report it. So are rec.Notices, in the notify bucket.
 func (j *Journal) PutEvent(rec EventRecord, push ...OutboxEntry) error {
 	rec.V = RecordVersion
 	if rec.Updated.IsZero() {
@@ -34,6 +34,9 @@ func (j *Journal) PutEvent(rec EventRecord, push ...OutboxEntry) error {
 			if err := j.outboxPush(tx, &push[i]); err != nil {
 				return err
 			}
+		}
+		if err := j.pushNotices(tx, rec.Notices); err != nil {
+			return err
 		}
 		// gofail: var journalBeforeEventCommit struct{}
 		return nil

@@ -15,7 +15,8 @@ const (
 	recOutbox  uint8 = 2
 	recChange  uint8 = 3
 	recHistory uint8 = 4
-	recKinds   uint8 = 5
+	recNotice  uint8 = 5
+	recKinds   uint8 = 6
 )
 
 func decodeAny(kind uint8, key, value []byte) (interface{ validate() error }, error) {
@@ -31,6 +32,9 @@ func decodeAny(kind uint8, key, value []byte) (interface{ validate() error }, er
 		return &r, err
 	case recChange:
 		r, err := decodeChange(key, value)
+		return &r, err
+	case recNotice:
+		r, err := decodeNotice(key, value)
 		return &r, err
 	default:
 		r, err := decodeHistory(key, value)
@@ -56,6 +60,7 @@ func seedRecords() []seedRecord {
 		{recOutbox, seqBytes(7), OutboxEntry{V: RecordVersion, Seq: 7, UID: "uid-a", Kind: OutboxNodeCondition, Payload: json.RawMessage(`{"type":"LifecycleTransition"}`), Created: at}},
 		{recChange, []byte("annotation/node-a/x.io/y"), Change{V: RecordVersion, Kind: ChangeAnnotation, Node: "node-a", Name: "x.io/y", Value: "1", Previous: &prev, At: at}},
 		{recChange, []byte("cordon/node-a"), Change{V: RecordVersion, Kind: ChangeCordon, Node: "node-a", At: at}},
+		{recNotice, seqBytes(9), Notice{V: RecordVersion, Seq: 9, UID: "uid-a", Event: "reboot-1", Kind: NoticeEnded, Text: "reboot-1 Succeeded", Sent: []string{"a1b2"}, Attempts: 1, Created: at}},
 		{recHistory, seqBytes(1), HistoryRecord{V: RecordVersion, Seq: 1, Event: ev, Outcome: OutcomeFailed, Message: "x", Finished: at, Steps: []StepRecord{step}}},
 	}
 }

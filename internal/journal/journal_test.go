@@ -430,6 +430,7 @@ func TestEnumStrings(t *testing.T) {
 		{name: "outcome", got: OutcomeSlaExpired.String(), want: "SlaExpired"},
 		{name: "outbox kind", got: OutboxNodeCondition.String(), want: "NodeCondition"},
 		{name: "change kind", got: ChangeCordon.String(), want: "cordon"},
+		{name: "notice kind", got: NoticeStepFailed.String(), want: "StepFailed"},
 		{name: "unknown", got: StepState(0).String(), want: "unknown(0)"},
 	}
 	for _, tt := range tests {
@@ -450,8 +451,9 @@ func TestStoredEnumValues(t *testing.T) {
 		uint8(OutcomeSucceeded), uint8(OutcomeFailed), uint8(OutcomeSlaExpired), uint8(OutcomeCancelled),
 		uint8(OutboxEventStatus), uint8(OutboxNodeCondition),
 		uint8(ChangeCordon), uint8(ChangeAnnotation),
+		uint8(NoticeClaimed), uint8(NoticeStepFailed), uint8(NoticeEnded),
 	}
-	want := []uint8{1, 2, 3, 4, 5, 1, 2, 1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 1, 2}
+	want := []uint8{1, 2, 3, 4, 5, 1, 2, 1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 1, 2, 1, 2, 3}
 	if !slices.Equal(got, want) {
 		t.Errorf("stored enum values changed: %v, want %v", got, want)
 	}

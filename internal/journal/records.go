@@ -116,6 +116,10 @@ type EventRecord struct {
 	// (for example the disruption-budget lease held, or the boot ID at claim).
 	Attrs   map[string]string `json:"attrs,omitempty"`
 	Updated time.Time         `json:"updated"` // set by the journal when zero
+	// Notices are not part of the record: PutEvent queues them in the
+	// notify bucket in the same transaction, so the message about a state
+	// is queued exactly when the state is committed.
+	Notices []Notice `json:"-"`
 }
 
 // StepRecord is one entry of an event's step log, key steps/<UID>/<Seq>.

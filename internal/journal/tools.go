@@ -106,6 +106,7 @@ type ExportDoc struct {
 	Outbox        []OutboxEntry   `json:"outbox"`
 	Owned         []Change        `json:"owned"`
 	History       []HistoryRecord `json:"history"`
+	Notices       []Notice        `json:"notices,omitempty"`
 }
 
 // ExportedEvent is an unfinished event with its step log.
@@ -163,6 +164,9 @@ func Export(path string, w io.Writer) error {
 		return err
 	}
 	if doc.History, err = j.History(); err != nil {
+		return err
+	}
+	if doc.Notices, err = j.Notices(); err != nil {
 		return err
 	}
 	return encodeExport(w, path, doc)
