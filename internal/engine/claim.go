@@ -369,6 +369,7 @@ func (e *Engine) claim(ctx context.Context, cached *v1alpha1.LifecycleEvent) (*a
 	// "mid-transition" for good; found by the fault schedules). A crash
 	// before this commit leaves nothing: the event, Claimed by us, is
 	// adopted at the next start, or gone.
+	e.note(a, journal.NoticeClaimed, e.claimedText(a))
 	var push []journal.OutboxEntry
 	start, _ := a.nodeEntry(running)
 	startConds := !adopt && planErr == nil
@@ -447,10 +448,11 @@ func (e *Engine) snapshot(a *active, st journal.EventState, push ...journal.Outb
 		attrs["outcomeMessage"] = a.outcomeMsg
 	}
 	if err := e.cfg.Journal.PutEvent(journal.EventRecord{UID: a.uid, Name: a.name, Driver: a.driver.Name(),
-		ResourceVersion: obj.ResourceVersion, State: st, Object: raw, Attrs: attrs}, push...); err != nil {
+		ResourceVersion: obj.ResourceVersion, State: st, Object: raw, Attrs: attrs, Notices: a.notices}, push...); err != nil {
 		return fmt.Errorf("engine: journal event %s: %w", a.name, err)
 	}
 	a.jstate = st
+	e.noticesCommitted(a)
 	return nil
 }
 

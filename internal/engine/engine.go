@@ -52,6 +52,11 @@ type Config struct {
 	Windows maintenance.Windows
 	// Gates must pass before a disruptive event starts.
 	Gates []maintenance.Gate
+	// Notices, when set, turns notifications on: the engine queues a
+	// notice in the journal at a claim, a failed step and an end state
+	// (notices.go) and calls Notices after each commit that queued one,
+	// to wake the notifier (internal/notify). It must not block.
+	Notices func()
 	// UnfilteredWatch watches every LifecycleEvent instead of this node's
 	// (spec.bindingNode, filtered by the server). Only bench/ sets it, to
 	// measure what the server-side filter saves; candidates() still keeps

@@ -45,6 +45,8 @@ type active struct {
 	// outcome is journaled (attrs) when the abort or the finish begins.
 	outcome    journal.Outcome
 	outcomeMsg string
+	// notices wait for the next snapshot, which queues them (note).
+	notices []journal.Notice
 
 	mu         sync.Mutex
 	cancelErr  error
@@ -390,6 +392,8 @@ func (e *Engine) stepFailed(a *active, i, attempt int, msg string) {
 	st := &a.status.Steps[i]
 	st.State, st.FinishTime, st.Message = v1alpha1.StepFailed, ptrTime(e.cfg.Clock.Now()), truncate(msg)
 	e.recordEvent(a, corev1.EventTypeWarning, "StepFailed", msg)
+	// With the abort's snapshot, which follows.
+	e.note(a, journal.NoticeStepFailed, fmt.Sprintf("node %s: event %s: %s; undoing what it changed", e.cfg.Node, a.name, msg))
 }
 
 // abort undoes what the event owns: the driver's own abort, or by default
@@ -500,6 +504,7 @@ func (e *Engine) finish(ctx context.Context, a *active, outcome journal.Outcome,
 		a.status.CompletionTime = ptrTime(now)
 		setCond(&a.status, v1alpha1.ConditionProgressing, metav1.ConditionFalse, string(cs), truncate(msg), now)
 		setCond(&a.status, v1alpha1.ConditionWaitingForDisruptionBudget, metav1.ConditionFalse, "NotWaiting", "", now)
+		e.note(a, journal.NoticeEnded, e.endedText(a, string(cs), a.outcomeMsg, now))
 		// The end state is journaled, and both writes queued, before
 		// anything is reported: a journal that refuses them holds the
 		// event (finalizer kept) rather than release it unseen.
