@@ -222,12 +222,21 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
+	notifier, err := newNotifier(cfg, j, reg, log, clk)
+	if err != nil {
+		return err
+	}
+	var wakeNotifier func()
+	if notifier != nil {
+		wakeNotifier = notifier.Wake
+	}
 	eng, err := engine.New(engine.Config{
 		Node: cfg.NodeName, Identity: identity, FormerIdentities: former, API: api, Journal: j, Drivers: drv, Host: hostOps,
 		Clock: clk, Log: log, EventRetention: cfg.EventRetention, Metrics: metrics,
 		Notify:          func(s string) { notify("STATUS", s) },
 		UnfilteredWatch: o.UnfilteredWatch,
 		Windows:         cfg.Maintenance.Windows, Gates: gates,
+		Notices: wakeNotifier,
 	})
 	if err != nil {
 		return err
@@ -266,8 +275,10 @@ func Run(ctx context.Context, o Options) error {
 	if o.Ready != nil {
 		close(o.Ready)
 	}
+	stopNotifier := startNotifier(ctx, notifier)
 	err = eng.Run(ctx)
 	notify("STOPPING", "stopping")
+	stopNotifier() // at once: a send in flight is not waited for
 	return err
 }
 

@@ -78,17 +78,18 @@ type Config struct {
 	LogLevel       string
 	LogFormat      string
 
-	Host        Host
-	Shutdown    Shutdown
-	Drivers     Drivers
-	Drain       Drain
-	Reboot      Reboot
-	Needs       Needs
-	GPU         GPU
-	OSUpgrade   OSUpgrade
-	Exec        Exec
-	Maintenance Maintenance
-	Gates       Gates
+	Host          Host
+	Shutdown      Shutdown
+	Drivers       Drivers
+	Drain         Drain
+	Reboot        Reboot
+	Needs         Needs
+	GPU           GPU
+	OSUpgrade     OSUpgrade
+	Exec          Exec
+	Maintenance   Maintenance
+	Gates         Gates
+	Notifications Notifications
 
 	// sources maps each layered key to where its value came from.
 	sources map[string]string
@@ -176,6 +177,12 @@ type Gates struct {
 	BlockingPods   string // label selector; "": off
 	Command        string // /bin/sh -c; exit 0 passes; "": off
 	CommandTimeout time.Duration
+}
+
+// Notifications is the notifications.* section (internal/notify).
+type Notifications struct {
+	URLs    []string // shoutrrr URLs; none: off. They carry tokens: never log them.
+	Timeout time.Duration
 }
 
 // GatesPrometheus is gates.prometheus.*.

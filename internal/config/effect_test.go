@@ -47,6 +47,7 @@ var otherValue = map[string]string{
 	"gates.prometheus.ignoreAlerts": "^Watchdog$",
 	"gates.blockingPods":            "app=backup",
 	"gates.command":                 "test -e /run/lifecycle-agent-test/ok",
+	"notifications.urls":            "generic+https://hooks.example/lifecycle",
 }
 
 // notALayeredField are the keys without a Config field of their own, and

@@ -14,6 +14,8 @@ import (
 	"go.yaml.in/yaml/v3"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/lifecycle-agent/lifecycle-agent/internal/notify"
 )
 
 // keys is the single source of truth for every configuration key: Load,
@@ -226,6 +228,22 @@ var keys = []*key{
 		name: "gates.commandTimeout", kind: kindDuration, def: "30s", check: positive,
 		doc:   "Longest a run of gates.command may take; one that outlives it is killed and blocks.",
 		field: func(c *Config) any { return &c.Gates.CommandTimeout },
+	},
+	{
+		name: "notifications.urls", kind: kindStrings, def: "", check: checkNotifyURLs,
+		doc: "Where to tell people when this agent claims an event, when a step fails it and when it " +
+			"ends: shoutrrr URLs, as kured's --notify-url (slack://hook:..., teams://..., " +
+			"mattermost://host/token, discord://..., generic+https://host/path for a webhook). Sent " +
+			"asynchronously, kept in the journal until delivered (a reboot does not lose one), retried " +
+			"for 24 h; nothing waits for them. A URL that does not parse is refused at load (named by " +
+			"its place, never its text: URLs carry tokens); doctor --notify-test sends a test message. " +
+			"In the environment: a comma-separated list. Empty: no notifications.",
+		field: func(c *Config) any { return &c.Notifications.URLs },
+	},
+	{
+		name: "notifications.timeout", kind: kindDuration, def: "10s", check: positive,
+		doc:   "Longest one send to one URL may take; a send that outlives it fails and is retried.",
+		field: func(c *Config) any { return &c.Notifications.Timeout },
 	},
 	{
 		name: "gpu.resetMethod", kind: kindString, def: ResetMethodAuto,
@@ -492,6 +510,11 @@ func lookupKey(name string) *key {
 }
 
 // --- checks -----------------------------------------------------------
+
+func checkNotifyURLs(v any) error {
+	_, err := notify.Parse(v.([]string))
+	return err
+}
 
 func checkRegexp(v any) error {
 	if _, err := regexp.Compile(v.(string)); err != nil {

@@ -37,7 +37,8 @@ func defaults() *Config {
 				PodTimeout:  5 * time.Minute,
 			},
 		},
-		Gates: Gates{Prometheus: GatesPrometheus{Timeout: 10 * time.Second}, CommandTimeout: 30 * time.Second},
+		Gates:         Gates{Prometheus: GatesPrometheus{Timeout: 10 * time.Second}, CommandTimeout: 30 * time.Second},
+		Notifications: Notifications{URLs: []string{}, Timeout: 10 * time.Second},
 	}
 }
 
@@ -315,6 +316,11 @@ func TestInvalid(t *testing.T) {
 			name: "bad unit name",
 			file: "gpu:\n  services: [nvidia-dcgm]\n",
 			want: `config: FILE:2: key gpu.services: invalid systemd unit name "nvidia-dcgm": want e.g. nvidia-dcgm.service`,
+		},
+		{
+			name: "unknown notification service, its token not shown",
+			file: "notifications:\n  urls:\n    - generic+https://hooks.example/x\n    - slakc://hook:s3cr3t@webhook\n",
+			want: `config: FILE:3: key notifications.urls: URL #2: unknown notification service "slakc" (the services are shoutrrr's: bark, discord, generic, googlechat, gotify, hangouts, ifttt, join, lark, logger, matrix, mattermost, notifiarr, ntfy, opsgenie, pagerduty, pushbullet, pushover, rocketchat, signal, slack, smtp, teams, telegram, wecom, zulip)`,
 		},
 		{
 			name: "metrics on all interfaces",
