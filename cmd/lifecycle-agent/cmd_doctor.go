@@ -22,6 +22,7 @@ import (
 	"github.com/lifecycle-agent/lifecycle-agent/internal/host"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/journal"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/maintenance"
+	"github.com/lifecycle-agent/lifecycle-agent/internal/notify"
 )
 
 // Bounds of the checks that do not talk to the API (those use apiTimeout).
@@ -44,7 +45,8 @@ const maxClockSkew = 5 * time.Second
 const fixManifests = "lifecycle-agent manifests | kubectl apply -f -"
 
 type doctorOptions struct {
-	Output string // outText or outJSON
+	Output     string // outText or outJSON
+	NotifyTest bool   // send a test message to each of notifications.urls
 }
 
 func newDoctorCmd(e *env) *cobra.Command {
@@ -56,9 +58,11 @@ func newDoctorCmd(e *env) *cobra.Command {
 (SelfSubjectReview, SelfSubjectAccessReview), the CRDs, the node-scope
 admission policy (with a server-side dry run, which changes nothing), logind
 and its InhibitDelayMaxSec against shutdown.budget, NVML and the clock
-against the API server's (at most 5s apart). Prints one line per check, ✓ or
-✗, with a fix for each ✗; exits 1 when any check fails. Every check is
-bounded in time: API checks by apiTimeout.`,
+against the API server's (at most 5s apart), the maintenance windows and
+gates, and the notification targets (with --notify-test, by sending each a
+test message). Prints one line per check, ✓ or ✗, with a fix for each ✗;
+exits 1 when any check fails. Every check is bounded in time: API checks by
+apiTimeout, a test message by notifications.timeout.`,
 		Args:        noArgs,
 		Annotations: needsConfig,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -70,6 +74,7 @@ bounded in time: API checks by apiTimeout.`,
 		},
 	}
 	addOutputFlags(cmd, &o.Output, outText, outJSON)
+	cmd.Flags().BoolVar(&o.NotifyTest, "notify-test", false, "send a test message to each of notifications.urls")
 	return cmd
 }
 
@@ -118,6 +123,7 @@ func runDoctor(ctx context.Context, e *env, o doctorOptions) error {
 	report(doctorLogind(ctx, e.cfg))
 	report(doctorNVML(ctx, e.cfg))
 	report(doctorMaintenance(ctx, e.cfg, time.Now())...)
+	report(doctorNotify(ctx, e.cfg, o.NotifyTest)...)
 
 	bad := 0
 	for _, c := range checks {
@@ -522,4 +528,40 @@ func doctorPodLister(cfg *config.Config) (maintenance.PodLister, error) {
 		return nil, err
 	}
 	return apiclient.New(rc, cfg.NodeName, cfg.APITimeout)
+}
+
+// doctorNotify reports notifications.urls: one line naming the targets,
+// or with test, one per target after a test message to it.
+func doctorNotify(ctx context.Context, cfg *config.Config, test bool) []check {
+	if len(cfg.Notifications.URLs) == 0 {
+		if test {
+			return []check{fail("notify", "set notifications.urls in "+cfg.Path, "--notify-test: notifications.urls is empty")}
+		}
+		return nil
+	}
+	ts, err := notify.Parse(cfg.Notifications.URLs)
+	if err != nil { // refused at load already
+		return []check{fail("notify", "fix notifications.urls in "+cfg.Path, "%v", err)}
+	}
+	if !test {
+		names := make([]string, len(ts))
+		for i, t := range ts {
+			names[i] = t.Service + " " + t.ID
+		}
+		return []check{pass("notify", "%d target(s): %s (not contacted; --notify-test sends each a test message)",
+			len(ts), strings.Join(names, ", "))}
+	}
+	n := &notify.Notifier{Timeout: cfg.Notifications.Timeout}
+	text := fmt.Sprintf("lifecycle-agent doctor --notify-test on node %s: this target gets the node's lifecycle notices", cfg.NodeName)
+	var out []check
+	for _, t := range ts {
+		name := "notify " + t.Service + " " + t.ID
+		if err := n.Test(ctx, t, "lifecycle-agent: node "+cfg.NodeName, text); err != nil {
+			out = append(out, fail(name, "check the URL's credentials and that this node reaches the service; until then notices wait in the journal (24 h)",
+				"test message not taken: %v", err))
+			continue
+		}
+		out = append(out, pass(name, "test message sent"))
+	}
+	return out
 }

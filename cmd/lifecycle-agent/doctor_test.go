@@ -2,11 +2,15 @@ package main
 
 import (
 	"context"
+	"io"
 	"math"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -14,6 +18,7 @@ import (
 	"github.com/lifecycle-agent/lifecycle-agent/internal/config"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/host/logindtest"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/maintenance"
+	"github.com/lifecycle-agent/lifecycle-agent/internal/notify"
 )
 
 func TestDoctorClock(t *testing.T) {
@@ -278,4 +283,69 @@ func TestDoctorWindow(t *testing.T) {
 	if got := doctorMaintenance(context.Background(), &config.Config{}, wed); len(got) != 0 {
 		t.Errorf("nothing configured: %v", got)
 	}
+}
+
+// doctor --notify-test sends one test message to each target and names a
+// target by its service and ID, never by its URL (tokens).
+func TestDoctorNotifyTest(t *testing.T) {
+	var mu sync.Mutex
+	var bodies []string
+	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		bodies = append(bodies, r.URL.Path+" "+string(b))
+		mu.Unlock()
+	}))
+	defer hook.Close()
+	good := "generic+" + hook.URL + "/hook"
+	bad := "generic+http://127.0.0.1:1/s3cr3t-token"
+	env := []string{"DBUS_SYSTEM_BUS_ADDRESS=unix:path=" + filepath.Join(t.TempDir(), "no-bus"),
+		"LIFECYCLE_AGENT_KUBECONFIG=" + filepath.Join(t.TempDir(), "absent"),
+		"LIFECYCLE_AGENT_NOTIFICATIONS_URLS=" + good + "," + bad}
+	q := regexp.QuoteMeta
+
+	r := agent(t, env, "doctor")
+	want := q("✓ notify: 2 target(s): generic " + notify.TargetID(good) + ", generic " + notify.TargetID(bad) +
+		" (not contacted; --notify-test sends each a test message)")
+	if last := lastLine(r.stdout); !regexp.MustCompile("^" + want + "$").MatchString(last) {
+		t.Errorf("doctor's last line:\n got %s\nwant %s", last, want)
+	}
+	mu.Lock()
+	if len(bodies) != 0 {
+		t.Errorf("doctor without --notify-test sent %q", bodies)
+	}
+	mu.Unlock()
+
+	r = agent(t, env, "doctor", "--notify-test")
+	lines := strings.Split(strings.TrimSuffix(r.stdout, "\n"), "\n")
+	if len(lines) < 2 {
+		t.Fatalf("doctor --notify-test printed %q", r.stdout)
+	}
+	got := lines[len(lines)-2:]
+	wantLines := []string{
+		q("✓ notify generic " + notify.TargetID(good) + ": test message sent"),
+		q("✗ notify generic "+notify.TargetID(bad)+": test message not taken: ") + ".*connection refused.*" +
+			q(" — fix: check the URL's credentials and that this node reaches the service; until then notices wait in the journal (24 h)"),
+	}
+	for i, re := range wantLines {
+		if !regexp.MustCompile("^" + re + "$").MatchString(got[i]) {
+			t.Errorf("line:\n got %s\nwant %s", got[i], re)
+		}
+	}
+	if strings.Contains(r.stdout+r.stderr, "s3cr3t") {
+		t.Errorf("a URL's token is in doctor's output:\n%s%s", r.stdout, r.stderr)
+	}
+	if r.code != 1 {
+		t.Errorf("exit code %d, want 1 (a target refused)", r.code)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(bodies) != 1 || !strings.HasPrefix(bodies[0], "/hook lifecycle-agent doctor --notify-test on node smoke-node: ") {
+		t.Errorf("the hook got %q, want one test message", bodies)
+	}
+}
+
+func lastLine(s string) string {
+	lines := strings.Split(strings.TrimSuffix(s, "\n"), "\n")
+	return lines[len(lines)-1]
 }
