@@ -60,6 +60,8 @@
 // The GPU reset and replacement needs are internal/gpuhealth's own
 // conditions (GPUResetRequired, GPUReplacementRequired).
 //
-// Windows and gates are internal/maintenance's. Not here yet (issue 15):
-// automatic requests and notifications.
+// Windows and gates are internal/maintenance's; notifications are
+// internal/notify's. Not here yet (issue 15.2): automatic reboot requests
+// with a fleet-wide cap and circuit breaker (GPU resets are requested by
+// gpuhealth under gpu.autoRemediate, without a cap yet).
 package needs
