@@ -67,7 +67,7 @@ type Config struct {
 	// Clock drives the loop; nil means the real clock.
 	Clock clock.Clock
 	// Log; nil discards.
-	Log *slog.Logger
+	Log *slog.Logger // names the node (the agent's logger does)
 	// Interval between evaluations; 0 means DefaultInterval.
 	Interval time.Duration
 	// AutoRemediate is gpu.autoRemediate: request a gpu-reset event for a
@@ -154,7 +154,7 @@ func New(cfg Config) (*Monitor, error) {
 		return nil, err
 	}
 	m := &Monitor{
-		cfg: cfg, log: cfg.Log.With("node", cfg.Node), clk: cfg.Clock, metrics: met,
+		cfg: cfg, log: cfg.Log, clk: cfg.Clock, metrics: met,
 		rewatch: make(chan struct{}, 1), pauseReq: make(chan chan struct{}), requested: map[string]bool{}, lastLog: map[string]time.Time{},
 		published: map[string]apiclient.NodeCondition{},
 	}

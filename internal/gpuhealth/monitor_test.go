@@ -760,3 +760,42 @@ func TestBaseline(t *testing.T) {
 		t.Errorf("after a broken baseline: %+v, want True (a new baseline)", c)
 	}
 }
+
+// The monitor logs with the caller's logger, which names the node (the
+// agent's does): a line says node= once, not twice.
+func TestLogNamesNodeOnce(t *testing.T) {
+	var buf syncBuf
+	e := newEnv(t, devicestest.DGXH100, func(c *Config) {
+		c.Log = slog.New(slog.NewTextHandler(&buf, nil)).With("node", testNode)
+	})
+	e.mon.Check(context.Background())
+	line := ""
+	for _, l := range strings.Split(buf.String(), "\n") {
+		if strings.Contains(l, "GPUHealthy condition") {
+			line = l
+		}
+	}
+	if line == "" {
+		t.Fatalf("no GPUHealthy condition line logged:\n%s", buf.String())
+	}
+	if n := strings.Count(line, " node="); n != 1 {
+		t.Errorf("node= %d times in %q, want once", n, line)
+	}
+}
+
+type syncBuf struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuf) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuf) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
