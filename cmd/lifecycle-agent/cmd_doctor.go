@@ -546,7 +546,7 @@ func doctorNotify(ctx context.Context, cfg *config.Config, test bool) []check {
 	if !test {
 		names := make([]string, len(ts))
 		for i, t := range ts {
-			names[i] = t.Service + " " + t.ID
+			names[i] = t.String()
 		}
 		return []check{pass("notify", "%d target(s): %s (not contacted; --notify-test sends each a test message)",
 			len(ts), strings.Join(names, ", "))}
@@ -555,7 +555,7 @@ func doctorNotify(ctx context.Context, cfg *config.Config, test bool) []check {
 	text := fmt.Sprintf("lifecycle-agent doctor --notify-test on node %s: this target gets the node's lifecycle notices", cfg.NodeName)
 	var out []check
 	for _, t := range ts {
-		name := "notify " + t.Service + " " + t.ID
+		name := "notify " + t.String()
 		if err := n.Test(ctx, t, "lifecycle-agent: node "+cfg.NodeName, text); err != nil {
 			out = append(out, fail(name, "check the URL's credentials and that this node reaches the service; until then notices wait in the journal (24 h)",
 				"test message not taken: %v", err))

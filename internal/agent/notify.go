@@ -25,7 +25,7 @@ func newNotifier(cfg *config.Config, j *journal.Journal, reg prometheus.Register
 	}
 	services := make([]string, len(ts))
 	for i, t := range ts {
-		services[i] = t.Service + " " + t.ID
+		services[i] = t.String()
 	}
 	log.Info("notifications on", "targets", services)
 	return &notify.Notifier{Journal: j, Targets: ts, Timeout: cfg.Notifications.Timeout, Log: log, Clock: clk, Metrics: m}, nil

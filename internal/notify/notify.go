@@ -34,6 +34,9 @@ type Target struct {
 	busy    atomic.Bool // a send that outlived the timeout has not returned yet
 }
 
+// String names t in logs and messages: its service and ID, never its URL.
+func (t *Target) String() string { return t.Service + " " + t.ID }
+
 // TargetID names a notification URL without revealing it: the first 12 hex
 // digits of its SHA-256.
 func TargetID(rawURL string) string {
