@@ -264,9 +264,18 @@ func checkRecords(tx *bolt.Tx) error {
 		return err
 	}
 	if b := tx.Bucket(bucketNotify); b != nil { // optional (notices.go)
-		return b.ForEach(func(k, v []byte) error {
+		err := b.ForEach(func(k, v []byte) error {
 			_, err := decodeNotice(k, v)
 			return wrapKey(err, "notify/%x", k)
+		})
+		if err != nil {
+			return err
+		}
+	}
+	if b := tx.Bucket(bucketRequests); b != nil { // optional (requests.go)
+		return b.ForEach(func(k, v []byte) error {
+			_, err := decodeRequest(k, v)
+			return wrapKey(err, "requests/%q", k)
 		})
 	}
 	return nil

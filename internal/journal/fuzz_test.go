@@ -16,7 +16,8 @@ const (
 	recChange  uint8 = 3
 	recHistory uint8 = 4
 	recNotice  uint8 = 5
-	recKinds   uint8 = 6
+	recRequest uint8 = 6
+	recKinds   uint8 = 7
 )
 
 func decodeAny(kind uint8, key, value []byte) (interface{ validate() error }, error) {
@@ -35,6 +36,9 @@ func decodeAny(kind uint8, key, value []byte) (interface{ validate() error }, er
 		return &r, err
 	case recNotice:
 		r, err := decodeNotice(key, value)
+		return &r, err
+	case recRequest:
+		r, err := decodeRequest(key, value)
 		return &r, err
 	default:
 		r, err := decodeHistory(key, value)
@@ -61,6 +65,8 @@ func seedRecords() []seedRecord {
 		{recChange, []byte("annotation/node-a/x.io/y"), Change{V: RecordVersion, Kind: ChangeAnnotation, Node: "node-a", Name: "x.io/y", Value: "1", Previous: &prev, At: at}},
 		{recChange, []byte("cordon/node-a"), Change{V: RecordVersion, Kind: ChangeCordon, Node: "node-a", At: at}},
 		{recNotice, seqBytes(9), Notice{V: RecordVersion, Seq: 9, UID: "uid-a", Event: "reboot-1", Kind: NoticeEnded, Text: "reboot-1 Succeeded", Sent: []string{"a1b2"}, Attempts: 1, Created: at}},
+		{recRequest, []byte("gpu-reset/GPU-1"), AutoRequest{V: RecordVersion, Key: "gpu-reset/GPU-1", Event: "n-gpu-reset-1-2", Group: "auto-gpu-reset",
+			Object: json.RawMessage(`{"metadata":{"name":"n-gpu-reset-1-2"}}`), Published: true, Outcome: RequestFailed, Counted: true, Created: at, Updated: at}},
 		{recHistory, seqBytes(1), HistoryRecord{V: RecordVersion, Seq: 1, Event: ev, Outcome: OutcomeFailed, Message: "x", Finished: at, Steps: []StepRecord{step}}},
 	}
 }

@@ -107,6 +107,7 @@ type ExportDoc struct {
 	Owned         []Change        `json:"owned"`
 	History       []HistoryRecord `json:"history"`
 	Notices       []Notice        `json:"notices,omitempty"`
+	Requests      []AutoRequest   `json:"requests,omitempty"`
 }
 
 // ExportedEvent is an unfinished event with its step log.
@@ -167,6 +168,9 @@ func Export(path string, w io.Writer) error {
 		return err
 	}
 	if doc.Notices, err = j.Notices(); err != nil {
+		return err
+	}
+	if doc.Requests, err = j.AutoRequests(); err != nil {
 		return err
 	}
 	return encodeExport(w, path, doc)
