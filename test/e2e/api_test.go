@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -401,6 +402,76 @@ func TestLeaseAdmission(t *testing.T) {
 		}
 		if err := b.Delete(ctx, "leasegrp-1", metav1.DeleteOptions{}); err != nil {
 			t.Fatalf("node-b deleting a slot it holds: %v", err)
+		}
+	})
+}
+
+// A group's circuit breaker on the real apiserver: a node identity creates
+// it and adds failures (RecordBreakerFailure, idempotent), and the
+// admission policy keeps it growing: a node cannot remove a failure, hold
+// the breaker (to delete it), or delete it; an admin can delete it.
+func TestBreakerAdmission(t *testing.T) {
+	ctx := context.Background()
+	core := kubernetes.NewForConfigOrDie(env.AdminConfig())
+	for _, n := range []string{"breaker-a", "breaker-b"} {
+		if _, err := core.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+			t.Fatal(err)
+		}
+	}
+	nodeClient := func(node string) *apiclient.Client {
+		c, err := apiclient.New(env.NodeConfig(node), node, 10*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	a, b := nodeClient("breaker-a"), nodeClient("breaker-b")
+	if got, err := a.BreakerFailures(ctx, "brk"); err != nil || len(got) != 0 {
+		t.Fatalf("no breaker yet: %v, %v; want none", got, err)
+	}
+	if got, err := a.RecordBreakerFailure(ctx, "brk", "breaker-a-reboot-1"); err != nil || !slices.Equal(got, []string{"breaker-a-reboot-1"}) {
+		t.Fatalf("node breaker-a creating the breaker: %v, %v", got, err)
+	}
+	if _, err := b.RecordBreakerFailure(ctx, "brk", "breaker-b-reboot-1"); err != nil {
+		t.Fatalf("node breaker-b adding a failure: %v", err)
+	}
+	if got, err := b.RecordBreakerFailure(ctx, "brk", "breaker-b-reboot-1"); err != nil || len(got) != 2 {
+		t.Fatalf("the same failure again: %v, %v; want the two, once each", got, err)
+	}
+	leases := clients(t, env.NodeConfig("breaker-b")).Leases(v1alpha1.SystemNamespace)
+	l, err := leases.Get(ctx, apiclient.BreakerLeaseName("brk"), metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	forbidden := func(t *testing.T, err error, says string) {
+		t.Helper()
+		if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), says) {
+			t.Fatalf("got %v; want Forbidden saying %q", err, says)
+		}
+	}
+	t.Run("a node cannot remove a failure", func(t *testing.T) {
+		l := l.DeepCopy()
+		l.Annotations[apiclient.AnnotationBreakerFailures] = "breaker-b-reboot-1"
+		_, err := leases.Update(ctx, l, metav1.UpdateOptions{})
+		forbidden(t, err, "may only add failures to the circuit breaker brk-breaker")
+	})
+	t.Run("a node cannot hold the breaker", func(t *testing.T) {
+		l := l.DeepCopy()
+		h, secs, rt := "breaker-b/1", int32(40), metav1.NewMicroTime(time.Now())
+		l.Spec.HolderIdentity, l.Spec.LeaseDurationSeconds, l.Spec.RenewTime = &h, &secs, &rt
+		_, err := leases.Update(ctx, l, metav1.UpdateOptions{})
+		forbidden(t, err, "may not hold the circuit breaker brk-breaker")
+	})
+	t.Run("a node cannot delete the breaker", func(t *testing.T) {
+		forbidden(t, leases.Delete(ctx, apiclient.BreakerLeaseName("brk"), metav1.DeleteOptions{}), "may only delete a LifecycleLease it holds")
+	})
+	t.Run("an admin resets it by deleting the Lease", func(t *testing.T) {
+		admin := clients(t, env.AdminConfig()).Leases(v1alpha1.SystemNamespace)
+		if err := admin.Delete(ctx, apiclient.BreakerLeaseName("brk"), metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := a.BreakerFailures(ctx, "brk"); err != nil || len(got) != 0 {
+			t.Fatalf("after the reset: %v, %v; want none", got, err)
 		}
 	})
 }
