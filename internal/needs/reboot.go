@@ -57,6 +57,10 @@ type Config struct {
 	// GPU: the GPU health monitor reports its causes (SetGPUCause). With
 	// both sentinels off the condition then says only what the GPUs ask.
 	GPU bool
+	// OnNeed, when set, is handed every evaluation's condition, after it
+	// was written (or its write was tried): the agent's Requester under
+	// needs.reboot.policy request.
+	OnNeed func(ctx context.Context, c apiclient.NodeCondition)
 
 	Sink       Sink                  // required
 	Registerer prometheus.Registerer // nil: no metrics
@@ -185,7 +189,13 @@ func (r *Reboot) publish(ctx context.Context, c apiclient.NodeCondition) {
 	r.mu.Lock()
 	same := r.written != nil && *r.written == c
 	r.mu.Unlock()
-	if same || ctx.Err() != nil {
+	if ctx.Err() != nil {
+		return
+	}
+	if r.cfg.OnNeed != nil {
+		defer r.cfg.OnNeed(ctx, c)
+	}
+	if same {
 		return
 	}
 	if err := r.cfg.Sink.SetNodeConditions(ctx, r.clk.Now(), c); err != nil {
