@@ -61,7 +61,28 @@
 // conditions (GPUResetRequired, GPUReplacementRequired).
 //
 // Windows and gates are internal/maintenance's; notifications are
-// internal/notify's. Not here yet (issue 15.2): automatic reboot requests
-// with a fleet-wide cap and circuit breaker (GPU resets are requested by
-// gpuhealth under gpu.autoRemediate, without a cap yet).
+// internal/notify's.
+//
+// # Automatic requests (Requester)
+//
+// A Requester turns a need into a LifecycleEvent of the node's own, bound
+// to itself, in a disruption group whose maxConcurrent caps how many nodes
+// of the fleet act at once. The request is journaled (journal bucket
+// requests) before the event is created, so a crash or an outage between
+// the two creates it later and a restart never creates a second one; the
+// event is named per node, need and boot (RebootEvent), so a create whose
+// answer was lost is found by name. A need is requested once: while the
+// journal holds its request nothing new is made, even after the event
+// ended with the need still there (a reboot that did not clear the need
+// does not loop; it is logged). A need that goes away before its event was
+// created is never created; one that goes away while its event runs does
+// not cancel it. Each failed or SLA-expired request is recorded once on
+// the group's circuit breaker, Lease <group>-breaker in the API (so every
+// node of the group sees it; admission keeps it append-only for node
+// identities); at breakerFailures entries no node of the group requests
+// until an admin deletes the Lease. Reading the breaker fails closed.
+//
+// Not wired yet (issue 15.2): the agent does not build a Requester, so
+// needs.reboot.policy and its keys are not in the config, and GPU resets
+// are still requested by gpuhealth under gpu.autoRemediate without a cap.
 package needs
