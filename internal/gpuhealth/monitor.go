@@ -76,6 +76,10 @@ type Config struct {
 	// CreateEvent creates a LifecycleEvent (the typed client's Create).
 	// Required when AutoRemediate.
 	CreateEvent func(ctx context.Context, ev *v1alpha1.LifecycleEvent) error
+	// Released, when set, is called at each evaluation for every GPU whose
+	// recovery action asks for no reset, so that the agent's Requester
+	// (internal/needs) forgets a request once its need went away.
+	Released func(ctx context.Context, uuid string)
 	// BootID names requested events (one automatic reset per GPU per boot).
 	// Required when AutoRemediate.
 	BootID string
@@ -462,6 +466,9 @@ func (m *Monitor) publish(ctx context.Context, conds ...apiclient.NodeCondition)
 // AutoRemediate is on. Call with m.mu held.
 func (m *Monitor) remediate(ctx context.Context, uuid string, a devices.RecoveryAction) {
 	if a != devices.RecoveryActionGPUReset && a != devices.RecoveryActionDrainAndReset {
+		if m.cfg.AutoRemediate && m.cfg.Released != nil {
+			m.cfg.Released(ctx, uuid)
+		}
 		return
 	}
 	if !m.cfg.AutoRemediate {

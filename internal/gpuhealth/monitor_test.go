@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -516,6 +517,30 @@ func TestAutoRemediate(t *testing.T) {
 				t.Errorf("event %s %+v labels %v, want name %s for %s", ev.Name, ev.Spec, ev.Labels, wantName, uuid)
 			}
 		})
+	}
+}
+
+// Released: each evaluation hands the GPUs that ask for no reset to the
+// agent's Requester (so a request whose need went away is forgotten), and
+// never a GPU that asks for one; not at all without AutoRemediate.
+func TestAutoRemediateReleased(t *testing.T) {
+	for _, auto := range []bool{true, false} {
+		var released []string
+		e := newEnv(t, devicestest.DGXH100, func(c *Config) {
+			c.AutoRemediate = auto
+			c.Released = func(_ context.Context, uuid string) { released = append(released, uuid) }
+		})
+		e.fleet.Set(3, func(g *devicestest.GPU) { g.RecoveryAction = devices.RecoveryActionGPUReset })
+		e.mon.Check(context.Background())
+		if !auto {
+			if len(released) != 0 {
+				t.Fatalf("Released called %v without AutoRemediate", released)
+			}
+			continue
+		}
+		if len(released) != 7 || slices.Contains(released, e.fleet.UUID(3)) {
+			t.Fatalf("Released %v, want the 7 GPUs other than GPU3 (%s)", released, e.fleet.UUID(3))
+		}
 	}
 }
 
