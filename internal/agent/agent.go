@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -13,8 +14,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/clock"
 
+	"github.com/lifecycle-agent/lifecycle-agent/api/v1alpha1"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/apiclient"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/config"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/drivers"
@@ -264,12 +268,12 @@ func Run(ctx context.Context, o Options) error {
 	case logind != nil:
 		log.Warn("the shutdown driver is off (drivers.shutdown.enabled=false): no delay lock is held, a shutdown is not handled")
 	}
-	reboot, err := startNeeds(ctx, cfg, api, gpu != nil, reg, log, clk)
+	reboot, err := startNeeds(ctx, cfg, api, j, hostOps.BootID(), gpu != nil, reg, log, clk)
 	if err != nil {
 		return err
 	}
 	if gpu != nil {
-		gpu.startMonitor(ctx, cfg, api, hostOps.BootID(), reboot, reg, log, clk)
+		gpu.startMonitor(ctx, cfg, api, j, hostOps.BootID(), reboot, reg, log, clk)
 	}
 	notify("READY", fmt.Sprintf("journal replayed: %d unfinished event(s)", len(unfinished)))
 	if o.Ready != nil {
@@ -338,7 +342,7 @@ func withoutLogindDrivers(ctx context.Context, drv []drivers.Driver, logind *hos
 // startNeeds starts the reboot-required detector (internal/needs) unless
 // both its sentinels are off and there are no GPUs to ask for a reboot
 // (gpu: the GPU monitor runs and reports its cause); nil when off.
-func startNeeds(ctx context.Context, cfg *config.Config, api *apiclient.Client, gpu bool, reg prometheus.Registerer, log *slog.Logger, clk clock.Clock) (*needs.Reboot, error) {
+func startNeeds(ctx context.Context, cfg *config.Config, api *apiclient.Client, j *journal.Journal, bootID string, gpu bool, reg prometheus.Registerer, log *slog.Logger, clk clock.Clock) (*needs.Reboot, error) {
 	nc := needs.Config{
 		SentinelFile: cfg.Needs.Reboot.SentinelFile, SentinelCommand: cfg.Needs.Reboot.SentinelCommand,
 		CommandTimeout: cfg.Needs.Reboot.CommandTimeout, Interval: cfg.Needs.Reboot.Interval, GPU: gpu,
@@ -348,10 +352,42 @@ func startNeeds(ctx context.Context, cfg *config.Config, api *apiclient.Client, 
 		log.Info("reboot-required detection is off (needs.reboot.sentinelFile and sentinelCommand are empty, no GPUs)")
 		return nil, nil
 	}
+	if cfg.Needs.Reboot.Policy == config.PolicyRequest {
+		if !cfg.DriverEnabled(config.DriverReboot, false, false) {
+			return nil, errors.New("needs.reboot.policy is request but drivers.reboot.enabled is false: nothing could perform the request")
+		}
+		rq := cfg.Needs.Reboot.Request
+		req, err := needs.NewRequester(needs.RequestConfig{Need: "reboot", KeyPrefix: needs.RebootKey,
+			Group: rq.Group, MaxConcurrent: rq.MaxConcurrent, BreakerFailures: rq.BreakerFailures,
+			API: requestAPI{api}, Journal: j, Registerer: reg, Clock: clk, Log: log})
+		if err != nil {
+			return nil, err
+		}
+		transition := cfg.NodeName + "-" + config.DriverReboot
+		nc.OnNeed = func(ctx context.Context, c apiclient.NodeCondition) {
+			if c.Status != corev1.ConditionTrue {
+				req.Release(ctx, needs.RebootKey)
+				return
+			}
+			ev := needs.RebootEvent(cfg.NodeName, transition, bootID, c.Message)
+			if err := req.Request(ctx, needs.RebootKey, ev); err != nil && !errors.Is(err, needs.ErrBreakerOpen) {
+				log.Warn("requesting a reboot failed; retrying at the next evaluation", "err", err)
+			}
+		}
+		go req.Run(ctx)
+	}
 	r, err := needs.NewReboot(nc)
 	if err != nil {
 		return nil, err
 	}
 	go r.Run(ctx)
 	return r, nil
+}
+
+// requestAPI is the Requester's view of the client.
+type requestAPI struct{ *apiclient.Client }
+
+func (a requestAPI) CreateEvent(ctx context.Context, ev *v1alpha1.LifecycleEvent) error {
+	_, err := a.LC.Events.Create(ctx, ev, metav1.CreateOptions{})
+	return err
 }

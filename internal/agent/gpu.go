@@ -7,7 +7,6 @@ import (
 	"path/filepath"
 
 	"github.com/prometheus/client_golang/prometheus"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/clock"
 
 	"github.com/lifecycle-agent/lifecycle-agent/api/v1alpha1"
@@ -16,6 +15,7 @@ import (
 	"github.com/lifecycle-agent/lifecycle-agent/internal/devices"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/drivers"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/gpuhealth"
+	"github.com/lifecycle-agent/lifecycle-agent/internal/journal"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/needs"
 )
 
@@ -80,6 +80,9 @@ func newGPUStack(cfg *config.Config, api *apiclient.Client, log *slog.Logger, cl
 	return g
 }
 
+// gpuRequestKey is a GPU's key among the journal's automatic requests.
+func gpuRequestKey(uuid string) string { return "gpu-reset/" + uuid }
+
 // GPUBaselineFile is the GPU health monitor's baseline (gpuhealth.Baseline),
 // in the journal's directory: delete it, with the agent stopped, to accept
 // the GPUs present at the next start as the node's GPUs.
@@ -87,15 +90,29 @@ const GPUBaselineFile = "gpu-baseline.json"
 
 // startMonitor publishes GPUHealthy, the GPU needs and the GPU gauges
 // until ctx ends; the GPUs' reboot cause goes to reboot (nil: nowhere).
-func (g *gpuStack) startMonitor(ctx context.Context, cfg *config.Config, api *apiclient.Client, bootID string, reboot *needs.Reboot, reg prometheus.Registerer, log *slog.Logger, clk clock.Clock) {
+func (g *gpuStack) startMonitor(ctx context.Context, cfg *config.Config, api *apiclient.Client, j *journal.Journal, bootID string, reboot *needs.Reboot, reg prometheus.Registerer, log *slog.Logger, clk clock.Clock) {
 	gc := gpuhealth.Config{Node: cfg.NodeName, Devices: g.mgr, Conditions: api, Registerer: reg, Clock: clk, Log: log,
 		AutoRemediate: cfg.GPU.AutoRemediate, BootID: bootID,
 		// Next to the journal: /var/lib/lifecycle-agent/gpu-baseline.json.
 		BaselinePath: filepath.Join(filepath.Dir(cfg.JournalPath), GPUBaselineFile),
-		CreateEvent: func(ctx context.Context, ev *v1alpha1.LifecycleEvent) error {
-			_, err := api.LC.Events.Create(ctx, ev, metav1.CreateOptions{})
-			return err
-		}}
+		CreateEvent:  requestAPI{api}.CreateEvent}
+	if cfg.GPU.AutoRemediate {
+		// Through a Requester: once per GPU and need, journaled, capped
+		// by gpu.remediation.group's slots and its circuit breaker.
+		rm := cfg.GPU.Remediation
+		req, err := needs.NewRequester(needs.RequestConfig{Need: "gpu-reset", KeyPrefix: gpuRequestKey(""),
+			Group: rm.Group, MaxConcurrent: rm.MaxConcurrent, BreakerFailures: rm.BreakerFailures,
+			API: requestAPI{api}, Journal: j, Registerer: reg, Clock: clk, Log: log})
+		if err != nil {
+			log.Error("GPU health monitor not started", "err", err)
+			return
+		}
+		gc.CreateEvent = func(ctx context.Context, ev *v1alpha1.LifecycleEvent) error {
+			return req.Request(ctx, gpuRequestKey(ev.Spec.Parameters["gpus"]), ev)
+		}
+		gc.Released = func(ctx context.Context, uuid string) { req.Release(ctx, gpuRequestKey(uuid)) }
+		go req.Run(ctx)
+	}
 	if reboot != nil {
 		gc.RebootNeed = reboot.SetGPUCause
 	}

@@ -145,6 +145,22 @@ type NeedsReboot struct {
 	SentinelCommand string // /bin/sh -c; exit 0: a reboot is needed; replaces SentinelFile
 	CommandTimeout  time.Duration
 	Interval        time.Duration
+	Policy          string // PolicyReport or PolicyRequest
+	Request         AutoRequest
+}
+
+// Policies of a need (needs.reboot.policy).
+const (
+	PolicyReport  = "report"  // the condition only
+	PolicyRequest = "request" // also an event of our own (internal/needs.Requester)
+)
+
+// AutoRequest is where the agent's own requests go: a disruption group, its
+// slots and its circuit breaker (needs.reboot.*, gpu.remediation.*).
+type AutoRequest struct {
+	Group           string
+	MaxConcurrent   int
+	BreakerFailures int
 }
 
 // GPU is the gpu.* section.
@@ -152,7 +168,8 @@ type GPU struct {
 	ResetMethod   string // ResetMethodAuto, ResetMethodNvidiaSMI or ResetMethodNVML
 	DriverRoot    string // "" the host's driver; else where libnvidia-ml.so.1 is looked up
 	AutoRemediate bool
-	Services      []string // systemd units stopped around a reset
+	Remediation   AutoRequest // gpu.remediation.*: used with AutoRemediate
+	Services      []string    // systemd units stopped around a reset
 	Operator      GPUOperator
 }
 

@@ -42,7 +42,7 @@ func (e *Error) Unwrap() error { return e.Err }
 
 // kind is how a key's value is typed: how it is read from a YAML node (the
 // file) and from a string (env vars, flags, defaults). Values are string,
-// time.Duration, bool or []string.
+// time.Duration, int, bool or []string.
 type kind struct {
 	doc        string
 	fromNode   func(n *yaml.Node) (any, error)
@@ -71,6 +71,11 @@ var (
 		fromNode:   kindBool.fromNode,
 		fromString: kindBool.fromString,
 	}
+	kindInt = &kind{
+		doc:        "integer",
+		fromNode:   func(n *yaml.Node) (any, error) { return nodeInt(n) },
+		fromString: func(s string) (any, error) { return parseInt(s) },
+	}
 	kindStrings = &kind{
 		doc:        "list of strings",
 		fromNode:   func(n *yaml.Node) (any, error) { return nodeStrings(n) },
@@ -90,6 +95,14 @@ func parseDuration(s string) (time.Duration, error) {
 		return 0, fmt.Errorf("invalid duration %q (%s)", s, durationHint)
 	}
 	return d, nil
+}
+
+func parseInt(s string) (int, error) {
+	i, err := strconv.Atoi(strings.TrimSpace(s))
+	if err != nil {
+		return 0, fmt.Errorf("want a whole number, got %q", s)
+	}
+	return i, nil
 }
 
 func parseBool(s string) (bool, error) {
@@ -165,6 +178,15 @@ func nodeDuration(n *yaml.Node) (time.Duration, error) {
 		return 0, fmt.Errorf("want a duration such as 90s, 10m or 24h, got %s", describe(n))
 	}
 	return parseDuration(n.Value)
+}
+
+// nodeInt accepts a YAML integer only: `maxConcurrent: "2"` is refused.
+func nodeInt(n *yaml.Node) (int, error) {
+	n = deref(n)
+	if n.Kind != yaml.ScalarNode || n.ShortTag() != "!!int" {
+		return 0, fmt.Errorf("want a whole number, got %s", describe(n))
+	}
+	return parseInt(n.Value)
 }
 
 // nodeBool accepts true or false only (YAML 1.2: yes/no/on/off are strings).

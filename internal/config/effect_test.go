@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -48,6 +49,8 @@ var otherValue = map[string]string{
 	"gates.blockingPods":            "app=backup",
 	"gates.command":                 "test -e /run/lifecycle-agent-test/ok",
 	"notifications.urls":            "generic+https://hooks.example/lifecycle",
+	"needs.reboot.group":            "rack-12-reboot",
+	"gpu.remediation.group":         "rack-12-gpu",
 }
 
 // notALayeredField are the keys without a Config field of their own, and
@@ -72,6 +75,12 @@ func (k *key) otherValue(t *testing.T) string {
 		return "true"
 	case kindTriBool:
 		return "true"
+	case kindInt:
+		i, err := strconv.Atoi(k.def)
+		if err != nil {
+			t.Fatalf("key %s: default %q: %v", k.name, k.def, err)
+		}
+		return strconv.Itoa(i + 1)
 	case kindDuration:
 		d, err := time.ParseDuration(k.def)
 		if err != nil {
@@ -127,6 +136,14 @@ func TestEveryKeyReachesItsField(t *testing.T) {
 		}
 		t.Run(k.name, func(t *testing.T) {
 			isolate(t)
+			base := base
+			if dep, ok := inertUnless[k.name]; ok { // its switch on in both
+				t.Setenv(lookupKey(dep[0]).env(), dep[1])
+				var err error
+				if base, err = load(t, "", nil); err != nil {
+					t.Fatal(err)
+				}
+			}
 			v := k.otherValue(t)
 			t.Setenv(k.env(), v)
 			got, err := load(t, "", nil)

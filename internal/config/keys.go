@@ -187,6 +187,33 @@ var keys = []*key{
 		field: func(c *Config) any { return &c.Needs.Reboot.Interval },
 	},
 	{
+		name: "needs.reboot.policy", kind: kindString, def: PolicyReport, enum: []string{PolicyReport, PolicyRequest},
+		doc: "What the agent does when RebootRequired turns True. report: only the condition (and the " +
+			"metric). request: it also creates its own reboot LifecycleEvent, once per need (journaled), " +
+			"in disruption group needs.reboot.group with needs.reboot.maxConcurrent slots, unless the " +
+			"group's circuit breaker is open (needs.reboot.breakerFailures). The reboot driver must be enabled.",
+		field: func(c *Config) any { return &c.Needs.Reboot.Policy },
+	},
+	{
+		name: "needs.reboot.group", kind: kindString, def: "auto-reboot", check: checkGroup,
+		doc: "Disruption group of the automatic reboot requests: the fleet shares its slots (Leases " +
+			"<group>-0 …) and its circuit breaker (Lease <group>-breaker). Only with needs.reboot.policy request.",
+		field: func(c *Config) any { return &c.Needs.Reboot.Request.Group },
+	},
+	{
+		name: "needs.reboot.maxConcurrent", kind: kindInt, def: "1", check: checkMaxConcurrent,
+		doc: "How many nodes of needs.reboot.group may reboot on an automatic request at once (1-1000; " +
+			"every agent of the group must use the same value). Only with needs.reboot.policy request.",
+		field: func(c *Config) any { return &c.Needs.Reboot.Request.MaxConcurrent },
+	},
+	{
+		name: "needs.reboot.breakerFailures", kind: kindInt, def: "3", check: atLeastOne,
+		doc: "Automatic reboot requests of needs.reboot.group that may end Failed or SlaExpired, " +
+			"fleet-wide, before every agent of the group stops requesting (the breaker, kept on the Lease " +
+			"<group>-breaker; an admin closes it by deleting that Lease). Only with needs.reboot.policy request.",
+		field: func(c *Config) any { return &c.Needs.Reboot.Request.BreakerFailures },
+	},
+	{
 		name: "gates.prometheus.url", kind: kindString, def: "", check: checkHTTPURL,
 		doc: "Prometheus to ask before a disruptive event starts (its /api/v1/alerts, as kured's " +
 			"--prometheus-url): while a firing alert matches gates.prometheus.alertNames and not " +
@@ -268,6 +295,25 @@ var keys = []*key{
 		doc: "When true the agent requests a gpu-reset event on its own for a GPU whose health " +
 			"signals call for a reset. When false it only reports them.",
 		field: func(c *Config) any { return &c.GPU.AutoRemediate },
+	},
+	{
+		name: "gpu.remediation.group", kind: kindString, def: "auto-gpu-reset", check: checkGroup,
+		doc: "Disruption group of the gpu-reset events gpu.autoRemediate requests: the fleet shares its " +
+			"slots and its circuit breaker (Lease <group>-breaker). Only with gpu.autoRemediate true.",
+		field: func(c *Config) any { return &c.GPU.Remediation.Group },
+	},
+	{
+		name: "gpu.remediation.maxConcurrent", kind: kindInt, def: "1", check: checkMaxConcurrent,
+		doc: "How many nodes of gpu.remediation.group may reset GPUs on an automatic request at once " +
+			"(1-1000). Only with gpu.autoRemediate true.",
+		field: func(c *Config) any { return &c.GPU.Remediation.MaxConcurrent },
+	},
+	{
+		name: "gpu.remediation.breakerFailures", kind: kindInt, def: "3", check: atLeastOne,
+		doc: "Automatic gpu-reset requests of gpu.remediation.group that may end Failed or SlaExpired, " +
+			"fleet-wide, before every agent of the group stops requesting (Lease <group>-breaker; delete " +
+			"it to close the breaker). Only with gpu.autoRemediate true.",
+		field: func(c *Config) any { return &c.GPU.Remediation.BreakerFailures },
 	},
 	{
 		name: "gpu.services", kind: kindStrings, def: "nvidia-dcgm.service,nvidia-persistenced.service",
@@ -562,6 +608,39 @@ func positive(v any) error {
 	}
 	return nil
 }
+
+func atLeastOne(v any) error {
+	if i := v.(int); i < 1 {
+		return fmt.Errorf("must be at least 1, got %d", i)
+	}
+	return nil
+}
+
+// checkMaxConcurrent is a disruption budget's maxConcurrent: 1-1000, as the
+// LifecycleEvent's spec.disruption.maxConcurrent.
+func checkMaxConcurrent(v any) error {
+	if i := v.(int); i < 1 || i > 1000 {
+		return fmt.Errorf("must be 1-1000, got %d", i)
+	}
+	return nil
+}
+
+// checkGroup is a disruption group's name, as spec.disruption.group takes
+// it; node-… is the node Leases' prefix.
+func checkGroup(v any) error {
+	s := v.(string)
+	switch {
+	case len(s) < 1 || len(s) > 56:
+		return fmt.Errorf("must be 1-56 characters, got %d", len(s))
+	case !groupPattern.MatchString(s):
+		return fmt.Errorf("%q: want lowercase letters, digits and '-', starting and ending with a letter or digit", s)
+	case strings.HasPrefix(s, "node-"):
+		return fmt.Errorf("%q: node-… names the node Leases", s)
+	}
+	return nil
+}
+
+var groupPattern = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
 
 func nonNegative(v any) error {
 	if d := v.(time.Duration); d < 0 {

@@ -3,6 +3,7 @@ package config
 import (
 	"fmt"
 	"os"
+	"reflect"
 	"slices"
 	"strings"
 	"time"
@@ -97,6 +98,9 @@ func Load(o Options) (*Config, error) {
 		cfg.sources[k.name] = src
 	}
 
+	if err := cfg.checkInert(); err != nil {
+		return nil, err
+	}
 	if cfg.NodeName == "" {
 		name, err := hostname(o.Hostname)
 		if err != nil {
@@ -105,6 +109,43 @@ func Load(o Options) (*Config, error) {
 		cfg.NodeName = name
 	}
 	return cfg, nil
+}
+
+// inertUnless names, for keys that act only when another key has a value,
+// that key and value: setting one while the other is off is refused (no
+// key that does nothing).
+var inertUnless = map[string][2]string{
+	"needs.reboot.group":              {"needs.reboot.policy", PolicyRequest},
+	"needs.reboot.maxConcurrent":      {"needs.reboot.policy", PolicyRequest},
+	"needs.reboot.breakerFailures":    {"needs.reboot.policy", PolicyRequest},
+	"gpu.remediation.group":           {"gpu.autoRemediate", "true"},
+	"gpu.remediation.maxConcurrent":   {"gpu.autoRemediate", "true"},
+	"gpu.remediation.breakerFailures": {"gpu.autoRemediate", "true"},
+}
+
+// checkInert refuses a key of inertUnless set to a value other than its
+// default while its switch is off.
+func (c *Config) checkInert() error {
+	on := map[string]bool{
+		"needs.reboot.policy": c.Needs.Reboot.Policy == PolicyRequest,
+		"gpu.autoRemediate":   c.GPU.AutoRemediate,
+	}
+	for _, k := range keys {
+		dep, ok := inertUnless[k.name]
+		if !ok || on[dep[0]] {
+			continue
+		}
+		def, err := k.defaultValue()
+		if err != nil {
+			return err
+		}
+		// The reference's example, uncommented, sets every key to its
+		// default: that still loads.
+		if src := c.sources[k.name]; src != "" && src != "default" && !reflect.DeepEqual(reflect.ValueOf(k.field(c)).Elem().Interface(), def) {
+			return &Error{Source: src, Key: k.name, Msg: "does nothing unless " + dep[0] + " is " + dep[1] + "; set that too, or remove this"}
+		}
+	}
+	return nil
 }
 
 // configPath resolves --config > LIFECYCLE_AGENT_CONFIG > the default.
@@ -158,6 +199,10 @@ func coerce(k *key, raw any) (any, error) {
 		if k.kind == kindDuration {
 			return raw, nil
 		}
+	case int:
+		if k.kind == kindInt {
+			return raw, nil
+		}
 	case bool:
 		if k.kind == kindBool || k.kind == kindTriBool {
 			return raw, nil
@@ -177,6 +222,8 @@ func assign(ptr, v any) {
 		*p = v.(string)
 	case *time.Duration:
 		*p = v.(time.Duration)
+	case *int:
+		*p = v.(int)
 	case *bool:
 		*p = v.(bool)
 	case **bool:

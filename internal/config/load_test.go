@@ -26,9 +26,11 @@ func defaults() *Config {
 		Shutdown:       Shutdown{Budget: 5 * time.Second},
 		Drain:          Drain{EvictRetryDelay: 5 * time.Second},
 		Reboot:         Reboot{ReadyTimeout: 10 * time.Minute},
-		Needs:          Needs{Reboot: NeedsReboot{SentinelFile: "/var/run/reboot-required", CommandTimeout: 30 * time.Second, Interval: time.Minute}},
+		Needs: Needs{Reboot: NeedsReboot{SentinelFile: "/var/run/reboot-required", CommandTimeout: 30 * time.Second, Interval: time.Minute,
+			Policy: "report", Request: AutoRequest{Group: "auto-reboot", MaxConcurrent: 1, BreakerFailures: 3}}},
 		GPU: GPU{
 			ResetMethod: "auto",
+			Remediation: AutoRequest{Group: "auto-gpu-reset", MaxConcurrent: 1, BreakerFailures: 3},
 			Services:    []string{"nvidia-dcgm.service", "nvidia-persistenced.service"},
 			Operator: GPUOperator{
 				Components:  []string{"device-plugin", "gpu-feature-discovery", "dcgm-exporter", "dcgm", "operator-validator", "mig-manager"},
@@ -477,6 +479,36 @@ func TestInvalid(t *testing.T) {
 			name: "pod gate with an invalid selector",
 			env:  map[string]string{"LIFECYCLE_AGENT_GATES_BLOCKING_PODS": "app in backup"},
 			want: `config: env LIFECYCLE_AGENT_GATES_BLOCKING_PODS: key gates.blockingPods: invalid label selector: unable to parse requirement: found 'backup' expected: '('`,
+		},
+		{
+			name: "request key while the policy reports",
+			file: "needs:\n  reboot:\n    maxConcurrent: 5\n",
+			want: `config: FILE:3: key needs.reboot.maxConcurrent: does nothing unless needs.reboot.policy is request; set that too, or remove this`,
+		},
+		{
+			name: "remediation group without autoRemediate",
+			env:  map[string]string{"LIFECYCLE_AGENT_GPU_REMEDIATION_GROUP": "rack-1"},
+			want: `config: env LIFECYCLE_AGENT_GPU_REMEDIATION_GROUP: key gpu.remediation.group: does nothing unless gpu.autoRemediate is true; set that too, or remove this`,
+		},
+		{
+			name: "maxConcurrent as a string",
+			file: "needs:\n  reboot:\n    policy: request\n    maxConcurrent: \"2\"\n",
+			want: `config: FILE:4: key needs.reboot.maxConcurrent: want a whole number, got "2"`,
+		},
+		{
+			name: "maxConcurrent out of range",
+			file: "needs:\n  reboot:\n    policy: request\n    maxConcurrent: 0\n",
+			want: `config: FILE:4: key needs.reboot.maxConcurrent: must be 1-1000, got 0`,
+		},
+		{
+			name: "breakerFailures not a number from env",
+			env:  map[string]string{"LIFECYCLE_AGENT_NEEDS_REBOOT_POLICY": "request", "LIFECYCLE_AGENT_NEEDS_REBOOT_BREAKER_FAILURES": "three"},
+			want: `config: env LIFECYCLE_AGENT_NEEDS_REBOOT_BREAKER_FAILURES: key needs.reboot.breakerFailures: want a whole number, got "three"`,
+		},
+		{
+			name: "group named like a node Lease",
+			file: "needs:\n  reboot:\n    policy: request\n    group: node-a\n",
+			want: `config: FILE:4: key needs.reboot.group: "node-a": node-… names the node Leases`,
 		},
 		{
 			name: "bad duration from env",

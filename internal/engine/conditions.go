@@ -36,6 +36,9 @@ const (
 	ReasonLocalRequest = "LocalRequest"
 	// An event created by the agent's GPU health monitor (gpu.autoRemediate).
 	ReasonGPURemediation = "GPURemediation"
+	// A reboot the agent requested for its node's RebootRequired
+	// (needs.reboot.policy request).
+	ReasonRebootRequired = "RebootRequired"
 	// logind announced a shutdown (the shutdown driver).
 	ReasonNodeShutdown = "NodeShutdown"
 	// A drain's criteria were met: the node holds no evictable pod.
@@ -62,8 +65,9 @@ const (
 // itself creates.
 const (
 	labelRequestedBy = "lifecycle.x-k8s.io/requested-by"
-	requestedLocal   = "local"      // engine.Request
-	requestedGPUHeal = "gpu-health" // gpuhealth.RequestedBy
+	requestedLocal   = "local"           // engine.Request
+	requestedGPUHeal = "gpu-health"      // gpuhealth.RequestedBy
+	requestedNeeds   = "reboot-required" // needs.RequestedByNeeds
 )
 
 // running is the "end" of an event that has not ended: its conditions
@@ -94,6 +98,8 @@ func causeOf(ev *v1alpha1.LifecycleEvent) string {
 			return ReasonLocalRequest
 		case requestedGPUHeal:
 			return ReasonGPURemediation
+		case requestedNeeds:
+			return ReasonRebootRequired
 		}
 	}
 	return ReasonAdminRequested
