@@ -85,6 +85,9 @@
 // so each GPU gets at most one automatic reset per boot: a second request
 // (after a restart of the agent, or a reset that did not help) meets
 // AlreadyExists and is treated as done. A GPU that still asks for a reset
-// after it is then a case for an operator or a reboot. Other recovery
+// after it is then a case for an operator or a reboot. The agent's
+// CreateEvent goes through internal/needs' Requester (journaled once per
+// GPU and need, in disruption group gpu.remediation.group, behind its
+// circuit breaker); Released tells it which GPUs no longer ask. Other recovery
 // actions (NODE_REBOOT, DRAIN_P2P, …) are only reported.
 package gpuhealth

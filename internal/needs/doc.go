@@ -82,7 +82,8 @@
 // identities); at breakerFailures entries no node of the group requests
 // until an admin deletes the Lease. Reading the breaker fails closed.
 //
-// Not wired yet (issue 15.2): the agent does not build a Requester, so
-// needs.reboot.policy and its keys are not in the config, and GPU resets
-// are still requested by gpuhealth under gpu.autoRemediate without a cap.
+// The agent builds one Requester for the reboot need under
+// needs.reboot.policy request (group needs.reboot.*; the reboot driver
+// must be enabled) and one for GPU resets under gpu.autoRemediate (group
+// gpu.remediation.*, keys gpu-reset/<uuid>).
 package needs
