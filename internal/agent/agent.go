@@ -353,9 +353,7 @@ func startNeeds(ctx context.Context, cfg *config.Config, api *apiclient.Client, 
 		return nil, nil
 	}
 	if cfg.Needs.Reboot.Policy == config.PolicyRequest {
-		if !cfg.DriverEnabled(config.DriverReboot, false, false) {
-			return nil, errors.New("needs.reboot.policy is request but drivers.reboot.enabled is false: nothing could perform the request")
-		}
+		// config.Load refused request without the reboot driver.
 		rq := cfg.Needs.Reboot.Request
 		req, err := needs.NewRequester(needs.RequestConfig{Need: "reboot", KeyPrefix: needs.RebootKey,
 			Group: rq.Group, MaxConcurrent: rq.MaxConcurrent, BreakerFailures: rq.BreakerFailures,

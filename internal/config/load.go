@@ -130,6 +130,10 @@ func (c *Config) checkInert() error {
 		"needs.reboot.policy": c.Needs.Reboot.Policy == PolicyRequest,
 		"gpu.autoRemediate":   c.GPU.AutoRemediate,
 	}
+	if on["needs.reboot.policy"] && !c.DriverEnabled(DriverReboot, false, false) {
+		return &Error{Source: c.sources["needs.reboot.policy"], Key: "needs.reboot.policy",
+			Msg: "request needs the reboot driver, and drivers.reboot.enabled is false; enable it, or use report"}
+	}
 	for _, k := range keys {
 		dep, ok := inertUnless[k.name]
 		if !ok || on[dep[0]] {

@@ -486,6 +486,11 @@ func TestInvalid(t *testing.T) {
 			want: `config: FILE:3: key needs.reboot.maxConcurrent: does nothing unless needs.reboot.policy is request; set that too, or remove this`,
 		},
 		{
+			name: "reboot requests without the reboot driver",
+			file: "drivers:\n  reboot:\n    enabled: false\nneeds:\n  reboot:\n    policy: request\n",
+			want: `config: FILE:6: key needs.reboot.policy: request needs the reboot driver, and drivers.reboot.enabled is false; enable it, or use report`,
+		},
+		{
 			name: "remediation group without autoRemediate",
 			env:  map[string]string{"LIFECYCLE_AGENT_GPU_REMEDIATION_GROUP": "rack-1"},
 			want: `config: env LIFECYCLE_AGENT_GPU_REMEDIATION_GROUP: key gpu.remediation.group: does nothing unless gpu.autoRemediate is true; set that too, or remove this`,
