@@ -57,7 +57,12 @@
 // The reboot need goes to internal/needs (Config.RebootNeed), which owns
 // RebootRequired and merges it with the reboot-required sentinel (reason
 // GPUHealth). An unreadable NVML makes the two conditions Unknown and
-// leaves the reboot cause as it was. Per-GPU gauges
+// leaves the reboot cause as it was. Read errors are debounced: after a
+// good reading one failed reading changes nothing (it is logged), and
+// ReadFailuresBeforeUnknown (2) in a row turn GPUHealthy and the needs
+// Unknown; at start, with nothing read yet, the first failure does. So a
+// transient NVML error never flips GPUHealthy, and one that lasts does so
+// within two intervals (60 s by default). Per-GPU gauges
 // lifecycle_agent_gpu_reset_required and ..._replacement_required follow.
 // Nothing here acts on a need unless gpu.autoRemediate asks (below); an
 // operator acts with `kubectl lifecycle rollout gpu-reset --needs-gpu-reset`.

@@ -30,6 +30,11 @@ const (
 	DefaultLogEvery = 5 * time.Minute
 	// MaxReasonLength caps the False condition's reason (bytes).
 	MaxReasonLength = 256
+	// ReadFailuresBeforeUnknown debounces NVML read errors: after a good
+	// reading, one failed reading keeps the conditions as they were (a
+	// transient ERROR_UNKNOWN or a busy driver); this many in a row turn
+	// them Unknown. Before any good reading the first failure does.
+	ReadFailuresBeforeUnknown = 2
 )
 
 // Labels on automatically created events.
@@ -116,6 +121,8 @@ type Monitor struct {
 	baseline    *Baseline                          // nil: none yet (or off)
 	unsaved     bool                               // baseline changed since it was last saved
 	last        devices.HealthReport
+	goodRead    bool            // a snapshot was read since start
+	readFails   int             // failed snapshots in a row
 	requested   map[string]bool // event names created or found existing
 	lastLog     map[string]time.Time
 }
@@ -349,7 +356,14 @@ func (m *Monitor) Check(ctx context.Context) devices.HealthReport {
 	s, err := m.cfg.Devices.Snapshot()
 	var rep devices.HealthReport
 	var conds []apiclient.NodeCondition
+	if err != nil && m.goodRead && m.readFails+1 < ReadFailuresBeforeUnknown {
+		m.readFails++
+		m.log.Warn("reading the GPUs failed; keeping the last conditions unless the next reading fails too", "err", err,
+			"failures", m.readFails, "limit", ReadFailuresBeforeUnknown)
+		return m.last
+	}
 	if err != nil {
+		m.readFails++
 		m.metrics.forgetAll()
 		rep = devices.HealthReport{At: m.clk.Now(), Condition: devices.Condition{Type: devices.ConditionType,
 			Status: devices.ConditionUnknown, Reason: devices.ReasonNVMLError, Message: err.Error()}}
@@ -358,6 +372,7 @@ func (m *Monitor) Check(ctx context.Context) devices.HealthReport {
 		// raises nor clears it.
 		conds = []apiclient.NodeCondition{NodeCondition(rep), NVMLUnknown(NeedReset, err), NVMLUnknown(NeedReplace, err)}
 	} else {
+		m.goodRead, m.readFails = true, 0
 		rep = devices.Evaluate(s)
 		needs := NeedsOf(s)
 		m.metrics.update(s, rep, needs)

@@ -382,6 +382,10 @@ func TestCheckNVMLError(t *testing.T) {
 	e.devs.mu.Lock()
 	e.devs.snapshotErr = errors.New("devices: DeviceGetCount: ERROR_UNKNOWN")
 	e.devs.mu.Unlock()
+	// One failed read is debounced: nothing written, the last report kept.
+	if rep := e.mon.Check(context.Background()); rep.Condition.Status != devices.ConditionTrue || len(e.sink.all()) != 1 {
+		t.Errorf("after one failed read: report %+v, conditions %+v; want both unchanged", rep.Condition, e.sink.all())
+	}
 	rep := e.mon.Check(context.Background())
 	got := e.sink.all()
 	if len(got) != 2 || got[1].Status != corev1.ConditionUnknown || got[1].Reason != "NVMLError" || !strings.Contains(got[1].Message, "ERROR_UNKNOWN") {
@@ -654,6 +658,11 @@ func TestNeeds(t *testing.T) {
 	e.devs.mu.Lock()
 	e.devs.snapshotErr = errors.New("devices: DeviceGetCount: ERROR_UNKNOWN")
 	e.devs.mu.Unlock()
+	before := cond(v1alpha1.NodeConditionGPUResetRequired)
+	e.mon.Check(ctx) // one failed read: debounced (ReadFailuresBeforeUnknown)
+	if c := cond(v1alpha1.NodeConditionGPUResetRequired); c != before || c.Status != corev1.ConditionTrue {
+		t.Errorf("GPUResetRequired after one failed read: %+v, want it kept as %+v", c, before)
+	}
 	e.mon.Check(ctx)
 	if c := cond(v1alpha1.NodeConditionGPUResetRequired); c.Status != corev1.ConditionUnknown || c.Reason != ReasonNVMLError {
 		t.Errorf("GPUResetRequired while NVML fails: %+v", c)
