@@ -16,6 +16,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/lifecycle-agent/lifecycle-agent/api/v1alpha1"
+	"github.com/lifecycle-agent/lifecycle-agent/internal/apiclient"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/journal"
 )
 
@@ -178,7 +179,7 @@ func (r *Requester) Request(ctx context.Context, key string, ev *v1alpha1.Lifecy
 		r.open.Set(1)
 		r.warn("breaker", "circuit breaker open: not requesting; delete the Lease to close it once the cause is fixed",
 			"need", key, "group", r.cfg.Group, "failures", strings.Join(failures, ","), "limit", r.cfg.BreakerFailures,
-			"reset", "kubectl -n "+v1alpha1.SystemNamespace+" delete lifecyclelease "+breakerLease(r.cfg.Group))
+			"reset", "kubectl -n "+v1alpha1.SystemNamespace+" delete lifecyclelease "+apiclient.BreakerLeaseName(r.cfg.Group))
 		return fmt.Errorf("%w: group %s has %d failed requests (limit %d)", ErrBreakerOpen, r.cfg.Group, len(failures), r.cfg.BreakerFailures)
 	}
 	r.open.Set(0)
@@ -292,7 +293,7 @@ func (r *Requester) reconcile(ctx context.Context, rec journal.AutoRequest) {
 		args := []any{"need", rec.Key, "lifecycleEvent", rec.Event, "group", rec.Group, "failures", len(failures), "limit", r.cfg.BreakerFailures}
 		if len(failures) >= r.cfg.BreakerFailures {
 			r.open.Set(1)
-			r.cfg.Log.Error("automatic request failed: the group's circuit breaker is now open, no node of the group requests on its own until an admin deletes Lease "+breakerLease(rec.Group), args...)
+			r.cfg.Log.Error("automatic request failed: the group's circuit breaker is now open, no node of the group requests on its own until an admin deletes Lease "+apiclient.BreakerLeaseName(rec.Group), args...)
 		} else {
 			r.cfg.Log.Warn("automatic request failed; recorded on the group's circuit breaker", args...)
 		}
@@ -360,10 +361,6 @@ func (r *Requester) warn(key, msg string, args ...any) {
 	r.lastLog[key] = now
 	r.cfg.Log.Warn(msg, args...)
 }
-
-// breakerLease mirrors apiclient.BreakerLeaseName (this package does not
-// import the client's writes).
-func breakerLease(group string) string { return group + "-breaker" }
 
 // RebootEvent is the reboot LifecycleEvent requested for the node's
 // RebootRequired: <node>-reboot-<first 8 hex of the boot ID>, so that a
