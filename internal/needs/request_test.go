@@ -249,9 +249,6 @@ func TestRequestJournaledBeforeCreate(t *testing.T) {
 	ctx := context.Background()
 	g := newRig(t, 3)
 	ev := RebootEvent("n1", "n1-reboot", bootA, "kernel")
-	g.api.mu.Lock()
-	g.api.breaker = map[string][]string{}
-	g.api.mu.Unlock()
 	g.api.lostAnswer = true
 	if err := g.r.Request(ctx, RebootKey, ev); err != nil {
 		t.Fatal(err)
@@ -285,11 +282,7 @@ func TestRequestReleasedBeforeCreate(t *testing.T) {
 	ctx := context.Background()
 	g := newRig(t, 3)
 	ev := RebootEvent("n1", "n1-reboot", bootA, "kernel")
-	g.api.mu.Lock()
-	g.api.down = false
-	g.api.mu.Unlock()
 	// Create fails (the server answers 500 to the create only).
-	g.api.lostAnswer = false
 	failing := &failCreate{api: g.api}
 	g.r.cfg.API = failing
 	if err := g.r.Request(ctx, RebootKey, ev); err != nil {
