@@ -71,8 +71,17 @@
 // and any code not in the table: fail closed), needs a node reboot (62, 79),
 // needs the GPU replaced (64). Unhealthy ones are latched per GPU until
 // ClearXIDs (ResetAndVerify clears them after a successful reset); LatchXID
-// latches one seen elsewhere (the kernel log, the health state file).
-// Restart the watcher after a reset: registrations die with the handles.
+// latches one seen elsewhere (the kernel log, the state journaled across
+// restarts: internal/gpuhealth). Restart the watcher after a reset:
+// registrations die with the handles.
+//
+// # Kernel log
+//
+// KernelLog (kmsg.go) reads /dev/kmsg non-blocking, one record per read,
+// kept open so each Records call returns what was logged since the last;
+// KernelXIDOf turns a kernel-facility record "NVRM: Xid (PCI:0000:3b:00):
+// 79, …" into the XID and its PCI address, and BusKey puts NVML's bus ID in
+// the same form. It needs no NVML.
 //
 // # GPU selection
 //
