@@ -273,9 +273,18 @@ func checkRecords(tx *bolt.Tx) error {
 		}
 	}
 	if b := tx.Bucket(bucketRequests); b != nil { // optional (requests.go)
-		return b.ForEach(func(k, v []byte) error {
+		err := b.ForEach(func(k, v []byte) error {
 			_, err := decodeRequest(k, v)
 			return wrapKey(err, "requests/%q", k)
+		})
+		if err != nil {
+			return err
+		}
+	}
+	if b := tx.Bucket(bucketGPUHealth); b != nil { // optional (gpuhealth.go)
+		return b.ForEach(func(k, v []byte) error {
+			_, err := decodeGPUHealth(k, v)
+			return wrapKey(err, "gpuhealth/%q", k)
 		})
 	}
 	return nil

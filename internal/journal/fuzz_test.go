@@ -17,7 +17,8 @@ const (
 	recHistory uint8 = 4
 	recNotice  uint8 = 5
 	recRequest uint8 = 6
-	recKinds   uint8 = 7
+	recGPU     uint8 = 7
+	recKinds   uint8 = 8
 )
 
 func decodeAny(kind uint8, key, value []byte) (interface{ validate() error }, error) {
@@ -39,6 +40,9 @@ func decodeAny(kind uint8, key, value []byte) (interface{ validate() error }, er
 		return &r, err
 	case recRequest:
 		r, err := decodeRequest(key, value)
+		return &r, err
+	case recGPU:
+		r, err := decodeGPUHealth(key, value)
 		return &r, err
 	default:
 		r, err := decodeHistory(key, value)
@@ -67,6 +71,8 @@ func seedRecords() []seedRecord {
 		{recNotice, seqBytes(9), Notice{V: RecordVersion, Seq: 9, UID: "uid-a", Event: "reboot-1", Kind: NoticeEnded, Text: "reboot-1 Succeeded", Sent: []string{"a1b2"}, Attempts: 1, Created: at}},
 		{recRequest, []byte("gpu-reset/GPU-1"), AutoRequest{V: RecordVersion, Key: "gpu-reset/GPU-1", Event: "n-gpu-reset-1-2", Group: "auto-gpu-reset",
 			Object: json.RawMessage(`{"metadata":{"name":"n-gpu-reset-1-2"}}`), Published: true, Outcome: RequestFailed, Counted: true, Created: at, Updated: at}},
+		{recGPU, []byte("state"), GPUHealthState{V: RecordVersion, Boot: "5e4d3c2b-1a09-4f8e-9d7c-6b5a4f3e2d1c", KernelLogSeq: 4711,
+			XIDs: map[string][]uint64{"GPU-1": {48, 79}}, Updated: at}},
 		{recHistory, seqBytes(1), HistoryRecord{V: RecordVersion, Seq: 1, Event: ev, Outcome: OutcomeFailed, Message: "x", Finished: at, Steps: []StepRecord{step}}},
 	}
 }
@@ -135,6 +141,10 @@ func TestDecodeRejects(t *testing.T) {
 		{name: "change key mismatch", kind: recChange, key: "cordon/node-b", value: `{"v":1,"kind":1,"node":"node-a"}`, want: "has key"},
 		{name: "change kind 3", kind: recChange, key: "x", value: `{"v":1,"kind":3,"node":"node-a"}`, want: "kind 3"},
 		{name: "history with a bad step", kind: recHistory, key: "\x00\x00\x00\x00\x00\x00\x00\x01", value: `{"v":1,"seq":1,"event":{"v":1,"uid":"u","state":2},"outcome":1,"steps":[{"v":1,"seq":1,"step":"s","phase":9,"state":2}]}`, want: "phase 9"},
+		{name: "gpu state under another key", kind: recGPU, key: "x", value: `{"v":1,"boot":"b"}`, want: `under key "x"`},
+		{name: "gpu state without boot", kind: recGPU, key: "state", value: `{"v":1,"xids":{"GPU-1":[79]}}`, want: "empty boot ID"},
+		{name: "gpu XIDs unsorted", kind: recGPU, key: "state", value: `{"v":1,"boot":"b","xids":{"GPU-1":[79,48]}}`, want: "not sorted"},
+		{name: "gpu XIDs empty list", kind: recGPU, key: "state", value: `{"v":1,"boot":"b","xids":{"GPU-1":[]}}`, want: "empty XID list"},
 		{name: "history outcome 0", kind: recHistory, key: "\x00\x00\x00\x00\x00\x00\x00\x01", value: `{"v":1,"seq":1,"event":{"v":1,"uid":"u","state":2},"outcome":0}`, want: "outcome 0"},
 	}
 	for _, tt := range tests {

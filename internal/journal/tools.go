@@ -108,6 +108,7 @@ type ExportDoc struct {
 	History       []HistoryRecord `json:"history"`
 	Notices       []Notice        `json:"notices,omitempty"`
 	Requests      []AutoRequest   `json:"requests,omitempty"`
+	GPUHealth     *GPUHealthState `json:"gpuHealth,omitempty"`
 }
 
 // ExportedEvent is an unfinished event with its step log.
@@ -172,6 +173,11 @@ func Export(path string, w io.Writer) error {
 	}
 	if doc.Requests, err = j.AutoRequests(); err != nil {
 		return err
+	}
+	if g, ok, err := j.GPUHealth(); err != nil {
+		return err
+	} else if ok {
+		doc.GPUHealth = &g
 	}
 	return encodeExport(w, path, doc)
 }
