@@ -32,6 +32,11 @@ type gpuStack struct {
 // go-nvml's mock when the environment asks for it.
 var testNVML func(log *slog.Logger) (devices.Library, bool)
 
+// kernelLog is where the GPU monitor reads the NVIDIA module's XIDs; a
+// test build with the NVML mock reads EnvTestKernelLog's file instead
+// (testnvml.go), never the host's kernel log.
+var kernelLog = devices.DefaultKernelLog
+
 // NVMLLibrary is the libnvidia-ml.so.1 the agent loads: "" for the host's
 // (the dynamic loader finds it), or the one under gpu.driverRoot (an error
 // naming the root and where it looked when there is none). cfg may be nil.
@@ -95,7 +100,9 @@ func (g *gpuStack) startMonitor(ctx context.Context, cfg *config.Config, api *ap
 		AutoRemediate: cfg.GPU.AutoRemediate, BootID: bootID,
 		// Next to the journal: /var/lib/lifecycle-agent/gpu-baseline.json.
 		BaselinePath: filepath.Join(filepath.Dir(cfg.JournalPath), GPUBaselineFile),
-		CreateEvent:  requestAPI{api}.CreateEvent}
+		// Latched XIDs and the kernel log's position survive a restart.
+		State: j, KernelLog: kernelLog,
+		CreateEvent: requestAPI{api}.CreateEvent}
 	if cfg.GPU.AutoRemediate {
 		// Through a Requester: once per GPU and need, journaled, capped
 		// by gpu.remediation.group's slots and its circuit breaker.

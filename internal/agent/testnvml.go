@@ -26,6 +26,11 @@ const EnvTestNVML = "LIFECYCLE_AGENT_TEST_NVML"
 // test build cannot read stops the agent at start.
 const EnvTestNVMLFaults = "LIFECYCLE_AGENT_TEST_NVML_FAULTS"
 
+// EnvTestKernelLog names a file in /dev/kmsg's record format that the GPU
+// monitor reads for XIDs while the mock is on; unset, it reads none (the
+// mock's GPUs are not the host's).
+const EnvTestKernelLog = "LIFECYCLE_AGENT_TEST_KERNEL_LOG"
+
 func init() {
 	testNVML = func(log *slog.Logger) (devices.Library, bool) {
 		model := os.Getenv(EnvTestNVML)
@@ -33,6 +38,7 @@ func init() {
 			return nil, false
 		}
 		log.Warn("TEST BUILD: NVML is go-nvml's mock server, not the host's library", "model", model)
+		kernelLog = os.Getenv(EnvTestKernelLog)
 		f := devicestest.New(devicestest.Model(model))
 		f.StableUUIDs() // a restarted agent finds the GPUs it journaled
 		if faults := os.Getenv(EnvTestNVMLFaults); faults != "" {

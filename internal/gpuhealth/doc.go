@@ -44,6 +44,31 @@
 // message, and is a reboot cause. A baseline that cannot be read is
 // replaced by the next reading (logged); a failed save is retried.
 //
+// # XIDs across restarts and the kernel log (issue 14.5)
+//
+// A critical XID is latched on its GPU until a reset clears it (devices).
+// With Config.State (the journal's gpuhealth bucket, journal.GPUHealthState)
+// the latched XIDs and the kernel log position are saved whenever they
+// change, and read back at the first good reading after a restart: in the
+// same boot every saved XID is latched again; after a reboot only those of
+// class replace (XID 64: the reboot reset the GPUs, which is what the
+// others asked for). With Config.KernelLog (/dev/kmsg) the monitor reads
+// the NVIDIA module's "NVRM: Xid (PCI:dddd:bb:dd): N, …" records: at start
+// those logged since the saved position (in the same boot) or since boot
+// (after a reboot) — the XIDs logged while the agent was down — then at
+// each evaluation those logged since. Each is judged like a watcher's
+// (ignorable and informational ones are not latched) and latched on the
+// GPU NVML lists at that PCI address (none there: logged, dropped). Only
+// records of the kernel's facility count: a process writing to /dev/kmsg
+// gets LOG_USER and cannot forge an XID. Records the ring buffer overwrote
+// before they were read (a gap in the sequence numbers) are logged as
+// lost. Around a GPU reset (Pause/Resume): Pause reads the kernel log and
+// saves the state first (a crash during the reset loses nothing); Resume
+// moves past the records logged during the reset without latching them
+// (the reset cleared the GPUs' XIDs, and what a reset logs is not a fault
+// after it) and saves what NVML reads then. An unreadable state or kernel
+// log is logged and the monitor goes on without it.
+//
 // # Needs (issue 15.1)
 //
 // Each evaluation also reads what the GPUs ask of the node (NeedsOf:

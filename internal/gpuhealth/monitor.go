@@ -21,6 +21,7 @@ import (
 	"github.com/lifecycle-agent/lifecycle-agent/api/v1alpha1"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/apiclient"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/devices"
+	"github.com/lifecycle-agent/lifecycle-agent/internal/journal"
 )
 
 // Defaults for Config fields left zero.
@@ -48,7 +49,19 @@ const (
 type Devices interface {
 	Snapshot() (devices.Snapshot, error)
 	WatchEvents(ctx context.Context, uuids []string) (<-chan devices.Event, error)
+	// LatchXID latches an XID seen elsewhere (the kernel log, the state
+	// kept across restarts) as the watcher would, returning its class.
+	LatchXID(uuid string, xid uint64) devices.XIDClass
 }
+
+// StateStore keeps the monitor's State across restarts; *journal.Journal
+// implements it.
+type StateStore interface {
+	GPUHealth() (journal.GPUHealthState, bool, error)
+	PutGPUHealth(journal.GPUHealthState) error
+}
+
+var _ StateStore = (*journal.Journal)(nil)
 
 // ConditionSink writes Node conditions; *apiclient.Client implements it.
 type ConditionSink interface {
@@ -99,6 +112,14 @@ type Config struct {
 	// first (Baseline); a GPU of it that NVML no longer lists makes
 	// GPUHealthy False (GPUsMissing) and asks for a reboot. "": no baseline.
 	BaselinePath string
+	// State keeps the latched XIDs and the kernel log position across
+	// restarts of the agent (the journal). Needs BootID. nil: they live in
+	// memory only, and a restart forgets them.
+	State StateStore
+	// KernelLog is read for the XIDs the NVIDIA module logged
+	// (devices.DefaultKernelLog): at start for those logged while the
+	// agent was down, then at each evaluation. "": not read.
+	KernelLog string
 }
 
 // Monitor is the GPU health loop. Run it once; Check and Rewatch may be
@@ -125,6 +146,14 @@ type Monitor struct {
 	readFails   int             // failed snapshots in a row
 	requested   map[string]bool // event names created or found existing
 	lastLog     map[string]time.Time
+
+	// XIDs kept across restarts (xidstate.go).
+	snap     devices.Snapshot // the last good reading (GPUs by PCI address)
+	restored bool             // State read (at the first good reading)
+	klog     *devices.KernelLog
+	klogSeq  uint64                  // the last kernel log record read in this boot
+	absent   map[string][]uint64     // restored XIDs of GPUs NVML does not list now
+	saved    *journal.GPUHealthState // the state last written to State
 }
 
 // New validates cfg and registers the metrics.
@@ -141,6 +170,9 @@ func New(cfg Config) (*Monitor, error) {
 	}
 	if cfg.AutoRemediate && (cfg.CreateEvent == nil || cfg.BootID == "") {
 		errs = append(errs, errors.New("AutoRemediate needs CreateEvent and BootID"))
+	}
+	if cfg.State != nil && cfg.BootID == "" {
+		errs = append(errs, errors.New("State needs BootID"))
 	}
 	if cfg.Interval < 0 {
 		errs = append(errs, errors.New("Interval must not be negative"))
@@ -166,7 +198,7 @@ func New(cfg Config) (*Monitor, error) {
 	}
 	m := &Monitor{
 		cfg: cfg, log: cfg.Log, clk: cfg.Clock, metrics: met,
-		rewatch: make(chan struct{}, 1), pauseReq: make(chan chan struct{}), requested: map[string]bool{}, lastLog: map[string]time.Time{},
+		rewatch: make(chan struct{}, 1), pauseReq: make(chan chan struct{}), requested: map[string]bool{}, lastLog: map[string]time.Time{}, absent: map[string][]uint64{},
 		published: map[string]apiclient.NodeCondition{},
 	}
 	if cfg.BaselinePath != "" {
@@ -200,6 +232,9 @@ func (m *Monitor) Rewatch() {
 // Idempotent; ctx bounds the wait.
 func (m *Monitor) Pause(ctx context.Context) error {
 	m.mu.Lock() // no evaluation in progress once we hold it
+	if !m.Paused() {
+		m.beforeReset()
+	}
 	m.pmu.Lock()
 	m.paused = true
 	running := m.running
@@ -226,10 +261,15 @@ func (m *Monitor) Pause(ctx context.Context) error {
 // Resume undoes Pause: the watcher restarts and an evaluation runs at once.
 // A no-op when not paused.
 func (m *Monitor) Resume() {
+	m.mu.Lock()
 	m.pmu.Lock()
 	was := m.paused
 	m.paused = false
 	m.pmu.Unlock()
+	if was {
+		m.afterReset()
+	}
+	m.mu.Unlock()
 	if was {
 		m.log.Info("GPU monitor resumed")
 		m.Rewatch()
@@ -373,6 +413,7 @@ func (m *Monitor) Check(ctx context.Context) devices.HealthReport {
 		conds = []apiclient.NodeCondition{NodeCondition(rep), NVMLUnknown(NeedReset, err), NVMLUnknown(NeedReplace, err)}
 	} else {
 		m.goodRead, m.readFails = true, 0
+		m.recall(&s)
 		rep = devices.Evaluate(s)
 		needs := NeedsOf(s)
 		m.metrics.update(s, rep, needs)
@@ -389,6 +430,8 @@ func (m *Monitor) Check(ctx context.Context) devices.HealthReport {
 		conds = []apiclient.NodeCondition{health,
 			NeedCondition(NeedReset, needs, len(s.GPUs)), NeedCondition(NeedReplace, needs, len(s.GPUs))}
 		m.rebootNeed(ctx, cause)
+		m.snap = s
+		m.saveState(s)
 	}
 	m.publish(ctx, conds...)
 	m.last = rep
