@@ -25,6 +25,19 @@ build: ## the agent and the kubectl plugin into bin/
 	@if [ -d cmd/kubectl-lifecycle ] && ls cmd/kubectl-lifecycle/*.go >/dev/null 2>&1; then \
 	  $(GO) build -tags $(TAGS) -trimpath -ldflags "$(LDFLAGS)" -o bin/kubectl-lifecycle ./cmd/kubectl-lifecycle; fi
 
+# What hack/gpu-check.sh runs on a GPU machine, which may have neither Go
+# nor network: the agent and hack/gpucheck, stripped, under 64 MiB together
+# (the device machine's carry limit).
+GPU_CHECK_DIR ?= bin/gpu-check
+.PHONY: gpu-check-bin
+gpu-check-bin: ## prebuilt, stripped binaries for hack/gpu-check.sh (GPU_CHECK_DIR)
+	mkdir -p $(GPU_CHECK_DIR)
+	$(GO) build -tags $(TAGS) -trimpath -ldflags "-s -w $(LDFLAGS)" -o $(GPU_CHECK_DIR)/lifecycle-agent ./cmd/lifecycle-agent
+	$(GO) build -tags $(TAGS) -trimpath -ldflags "-s -w" -o $(GPU_CHECK_DIR)/gpucheck ./hack/gpucheck
+	@size=$$(du -cb $(GPU_CHECK_DIR)/lifecycle-agent $(GPU_CHECK_DIR)/gpucheck | tail -1 | cut -f1); \
+	  echo "$(GPU_CHECK_DIR): $$((size / 1048576)) MiB together"; \
+	  if [ $$size -ge 67108864 ]; then echo "over 64 MiB: too big to carry to a GPU machine"; exit 1; fi
+
 generate: ## deepcopy and CRDs (controller-gen, pinned in hack/tools)
 	cd hack/tools && $(GO) tool controller-gen object:headerFile=/dev/null crd paths=../../api/... output:crd:dir=../../deploy/crds
 	$(GO) run -tags $(TAGS) ./internal/config/gen-docs
