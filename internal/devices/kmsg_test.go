@@ -5,7 +5,9 @@ import (
 	"encoding/hex"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -146,5 +148,34 @@ func TestKernelLogDevice(t *testing.T) {
 	}
 	if r := recs[i]; r.Facility != 1 || r.Level != 6 || r.Seq == 0 {
 		t.Fatalf("record %+v: a process's record must not have the kernel's facility 0", r)
+	}
+}
+
+// TestXIDTableDocumented: docs/gpu.md's XID table lists exactly the codes
+// and classes of XIDTable, so the page an operator reads is what runs.
+func TestXIDTableDocumented(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join("..", "..", "docs", "gpu.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	row := regexp.MustCompile(`(?m)^\| (\d+) \| (\w+) \|`)
+	doc := map[uint64]string{}
+	for _, m := range row.FindAllStringSubmatch(string(b), -1) {
+		x, _ := strconv.ParseUint(m[1], 10, 64)
+		if _, dup := doc[x]; dup {
+			t.Errorf("docs/gpu.md lists XID %d twice", x)
+		}
+		doc[x] = m[2]
+	}
+	table := XIDTable()
+	for x, c := range table {
+		if doc[x] != c.String() {
+			t.Errorf("XID %d: docs/gpu.md says %q, the code %q", x, doc[x], c)
+		}
+	}
+	for x := range doc {
+		if _, ok := table[x]; !ok {
+			t.Errorf("docs/gpu.md lists XID %d, which the code's table does not have", x)
+		}
 	}
 }
