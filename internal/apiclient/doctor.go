@@ -195,9 +195,10 @@ func AgentPermissions(node string) []Permission {
 	add(Permission{Group: lc, Resource: "lifecycleleases", Namespace: v1alpha1.SystemNamespace}, "get", "create", "update")
 	add(Permission{Resource: "nodes", Name: node}, "get", "patch")
 	add(Permission{Resource: "nodes", Subresource: "status", Name: node}, "patch")
-	add(Permission{Resource: "pods", FieldSelector: "spec.nodeName=" + node}, "list")
+	add(Permission{Resource: "pods", FieldSelector: "spec.nodeName=" + node}, "list", "watch") // watch: evict.go
 	add(Permission{Resource: "pods", Subresource: "eviction"}, "create")
 	add(Permission{Group: "apps", Resource: "daemonsets"}, "get")
+	add(Permission{Group: "policy", Resource: "poddisruptionbudgets"}, "list", "watch") // evict.go
 	add(Permission{Resource: "events", Namespace: metav1.NamespaceDefault}, "create")
 	return ps
 }

@@ -28,6 +28,10 @@ type DrainOptions struct {
 	// RetryDelay between evictions refused by a PodDisruptionBudget
 	// (kubectl's CLI uses 5 s; the library's 0 is a hot loop).
 	RetryDelay time.Duration
+	// MinRetry is the first back-off after a refused eviction, doubling up
+	// to RetryDelay; 0 means MinEvictRetry. A budget that allows the
+	// eviction again wakes the retry sooner (evict.go).
+	MinRetry time.Duration
 	// Timeout bounds the evictions (kubectl's --timeout); 0: none.
 	Timeout time.Duration
 	// OnBlocked is called when an eviction is refused, with a message that
@@ -93,7 +97,8 @@ func (c *Client) Drain(ctx context.Context, o DrainOptions) (DrainResult, error)
 		return res, fmt.Errorf("apiclient: drain %s: %v", c.Node, joinErrs(errs))
 	}
 	res.Warnings = list.Warnings()
-	if err := h.DeleteOrEvictPods(list.Pods()); err != nil {
+	finished := func(p *corev1.Pod) { h.OnPodDeletionOrEvictionFinished(p, true, nil) }
+	if err := c.evictPods(ctx, h, list.Pods(), o, finished); err != nil {
 		if ctx.Err() != nil {
 			return res, fmt.Errorf("apiclient: drain %s: %w (%v)", c.Node, ctx.Err(), err)
 		}
