@@ -150,7 +150,8 @@ var keys = []*key{
 	},
 	{
 		name: "drain.evictRetryDelay", kind: kindDuration, def: "5s", check: positive,
-		doc:   "Wait before retrying an eviction that a PodDisruptionBudget refused (HTTP 429).",
+		doc: "Longest wait before retrying an eviction that a PodDisruptionBudget refused (HTTP 429): the retry " +
+			"comes as soon as the budget allows a disruption again, else after a back-off of 1s doubling up to this.",
 		field: func(c *Config) any { return &c.Drain.EvictRetryDelay },
 	},
 	{
