@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -184,4 +185,86 @@ func ReplaceTable(path, table string) error {
 		return err
 	}
 	return os.Rename(tmp, path)
+}
+
+// MergeTable keeps what a partial run (BENCH_ONLY) did not measure: rows of
+// old whose IDs next has not, the notes of scenarios next has none of, and
+// old's machine line when next's differs. Both are RenderTable outputs.
+func MergeTable(old, next string) string {
+	oRows, oMachine, oNotes := splitTable(old)
+	nRows, nMachine, nNotes := splitTable(next)
+	have := map[string]bool{}
+	for _, r := range nRows {
+		have[r.id] = true
+	}
+	rows := nRows
+	for _, r := range oRows {
+		if !have[r.id] {
+			rows = append(rows, r)
+		}
+	}
+	sort.SliceStable(rows, func(i, j int) bool { return lessID(rows[i].id, rows[j].id) })
+	var b strings.Builder
+	b.WriteString("| # | benchmark | goal | measured | goal met | command | run |\n|---|---|---|---|---|---|---|\n")
+	for _, r := range rows {
+		b.WriteString(r.line + "\n")
+	}
+	machine := nMachine
+	if oMachine != "" && oMachine != nMachine {
+		machine = strings.TrimSuffix(nMachine, " Load average at the start of each run is in its JSON result.") +
+			" Earlier rows: " + strings.TrimPrefix(oMachine, "Machine: ")
+	}
+	fmt.Fprintf(&b, "\n%s\n", machine)
+	for _, n := range oNotes {
+		if !slices.ContainsFunc(nNotes, func(x noteBlock) bool { return x.scenario == n.scenario }) {
+			nNotes = append(nNotes, n)
+		}
+	}
+	sort.SliceStable(nNotes, func(i, j int) bool { return nNotes[i].scenario < nNotes[j].scenario })
+	for _, n := range nNotes {
+		b.WriteString("\n" + n.text)
+	}
+	return b.String()
+}
+
+type tableRow struct{ id, line string }
+
+type noteBlock struct{ scenario, text string }
+
+// splitTable reads a RenderTable output back: rows, the machine line, the
+// notes blocks.
+func splitTable(s string) (rows []tableRow, machine string, notes []noteBlock) {
+	var cur *noteBlock
+	for _, l := range strings.Split(s, "\n") {
+		switch {
+		case strings.HasPrefix(l, "| ") && !strings.HasPrefix(l, "| # |"):
+			id, _, _ := strings.Cut(strings.TrimPrefix(l, "| "), " |")
+			rows = append(rows, tableRow{id, l})
+		case strings.HasPrefix(l, "Machine: "):
+			machine = l
+		case strings.HasPrefix(l, "Notes from `"):
+			sc, _, _ := strings.Cut(strings.TrimPrefix(l, "Notes from `"), "`")
+			notes = append(notes, noteBlock{scenario: sc, text: l + "\n"})
+			cur = &notes[len(notes)-1]
+		case cur != nil && strings.HasPrefix(l, "- "):
+			cur.text += l + "\n"
+		default:
+			cur = nil
+		}
+	}
+	return rows, machine, notes
+}
+
+// CurrentTable returns what lies between the results markers of path.
+func CurrentTable(path string) (string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", err
+	}
+	s := string(b)
+	i, j := strings.Index(s, TableBegin), strings.Index(s, TableEnd)
+	if i < 0 || j < i {
+		return "", fmt.Errorf("bench: %s has no results markers (%q … %q)", path, TableBegin, TableEnd)
+	}
+	return s[i+len(TableBegin) : j], nil
 }

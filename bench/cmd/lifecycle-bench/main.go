@@ -157,7 +157,12 @@ func report(args []string) error {
 	if err != nil {
 		return err
 	}
-	if err := bench.ReplaceTable(*doc, table); err != nil {
+	// A partial run (BENCH_ONLY) replaces only its own rows.
+	old, err := bench.CurrentTable(*doc)
+	if err != nil {
+		return err
+	}
+	if err := bench.ReplaceTable(*doc, bench.MergeTable(old, table)); err != nil {
 		return err
 	}
 	fmt.Printf("lifecycle-bench: results table of %s rewritten from %s\n", *doc, *in)
@@ -347,9 +352,9 @@ func drain(ctx context.Context, res *bench.Result, o bench.DrainOptions) error {
 		ratio := a / k
 		res.Rows = append(res.Rows, bench.Row{ID: "6",
 			What: fmt.Sprintf("drain: %d pods behind %d PDBs (minAvailable %d of %d), agent vs kubectl drain v1.37.2 on the same cluster", o.Apps*o.Replicas, o.Apps, o.MinAvailable, o.Replicas),
-			Goal: "agent / kubectl ≤ 1.0", Measured: fmt.Sprintf("ratio %.2f (agent vs kubectl: %s)", ratio, strings.Join(parts, "; ")), Met: bench.Verdict(ratio <= 1.0)})
+			Goal: "agent / kubectl ≤ 0.5", Measured: fmt.Sprintf("ratio %.2f (agent vs kubectl: %s)", ratio, strings.Join(parts, "; ")), Met: bench.Verdict(ratio <= 0.5)})
 	}
-	res.Notes = append(res.Notes, "drain: agent time is event created → Succeeded (claim, cordon, evictions, wait-empty, status writes), seen by an admin watch; kubectl time is the process, exec to exit, as admin; both retry PDB-refused evictions every 5 s (kubectl's fixed EvictErrorRetryDelay, the agent's drain.evictRetryDelay default)")
+	res.Notes = append(res.Notes, "drain: agent time is event created → Succeeded (claim, cordon, evictions, wait-empty, status writes), seen by an admin watch; kubectl time is the process, exec to exit, as admin; kubectl retries a PDB-refused eviction every 5 s (its fixed EvictErrorRetryDelay), the agent when a PDB watch reports the budget free (back-off 1 s doubling to drain.evictRetryDelay as the safety net)")
 	return err
 }
 

@@ -1,0 +1,35 @@
+package bench
+
+import (
+	"strings"
+	"testing"
+)
+
+// TestMergeTable: a partial run replaces its own rows and notes and keeps
+// every other row, note and the earlier machine line.
+func TestMergeTable(t *testing.T) {
+	const hdr = "| # | benchmark | goal | measured | goal met | command | run |\n|---|---|---|---|---|---|---|\n"
+	old := hdr + "| 1a | claim | p99 ≤ 50 ms | p99 56 ms | missed | `c` | 2026-11-30 15:23Z, 3m54s |\n" +
+		"| 6 | drain | ≤ 1.0 | ratio 1.02 | missed | `d` | 2026-11-30 15:28Z, 3m13s |\n" +
+		"| 8a | journal | — | p99 1.2 ms | n/a | `j` | 2026-11-30 15:15Z, 24s |\n" +
+		"\nMachine: 2× AMD EPYC, 23.5 GiB, Linux 6.1, go1.26.7. Load average at the start of each run is in its JSON result.\n" +
+		"\nNotes from `claim` (load average at start 0.5):\n- claim note\n" +
+		"\nNotes from `drain` (load average at start 0.6):\n- old drain note\n"
+	next := hdr + "| 6 | drain | ≤ 0.5 | ratio 0.81 | missed | `d` | 2026-12-04 02:47Z, 2m54s |\n" +
+		"\nMachine: 2× AMD EPYC, 23.5 GiB, Linux 6.18, go1.26.8. Load average at the start of each run is in its JSON result.\n" +
+		"\nNotes from `drain` (load average at start 1.9):\n- new drain note\n"
+	got := MergeTable(old, next)
+	for _, want := range []string{"| 1a | claim", "| 6 | drain | ≤ 0.5 | ratio 0.81", "| 8a | journal", "- claim note", "- new drain note", "Linux 6.18", "Earlier rows: 2× AMD EPYC, 23.5 GiB, Linux 6.1"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("merged table lacks %q:\n%s", want, got)
+		}
+	}
+	for _, gone := range []string{"ratio 1.02", "old drain note"} {
+		if strings.Contains(got, gone) {
+			t.Errorf("merged table still has %q:\n%s", gone, got)
+		}
+	}
+	if i, j, k := strings.Index(got, "| 1a"), strings.Index(got, "| 6 "), strings.Index(got, "| 8a"); !(i < j && j < k) {
+		t.Errorf("rows out of order:\n%s", got)
+	}
+}
