@@ -29,6 +29,11 @@ type IdleStats struct {
 	// binary's mapped pages).
 	RssAnon int64 `json:"rssAnonBytes"`
 	RssFile int64 `json:"rssFileBytes"`
+	// Pss is the proportional set size at the end, with its anonymous and
+	// file-backed parts (/proc/<pid>/smaps_rollup).
+	Pss     int64 `json:"pssBytes"`
+	PssAnon int64 `json:"pssAnonBytes"`
+	PssFile int64 `json:"pssFileBytes"`
 	// Go runtime figures from the agent's own /metrics at the end.
 	GoRuntime map[string]float64 `json:"goRuntime"`
 	// BinaryBytes is the size of the agent binary.
@@ -103,6 +108,7 @@ func Idle(ctx context.Context, dir, bin string, warmup, window time.Duration, sa
 	st.Seconds = last.At.Sub(first.At).Seconds()
 	st.RSS, st.PeakRSS, st.CPUPct = last.RSS, peak, CPUPercent(first, last)
 	st.RssAnon, st.RssFile = last.RssAnon, last.RssFile
+	st.Pss, st.PssAnon, st.PssFile = last.Pss, last.PssAnon, last.PssFile
 	st.GoRuntime, _ = d.ScrapeGauges("go_memstats_heap_inuse_bytes", "go_memstats_sys_bytes", "go_goroutines", "go_memstats_stack_inuse_bytes")
 	if fi, err := os.Stat(bin); err == nil {
 		st.BinaryBytes = fi.Size()

@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"os"
 	"strings"
 	"testing"
 )
@@ -31,5 +32,17 @@ func TestMergeTable(t *testing.T) {
 	}
 	if i, j, k := strings.Index(got, "| 1a"), strings.Index(got, "| 6 "), strings.Index(got, "| 8a"); !(i < j && j < k) {
 		t.Errorf("rows out of order:\n%s", got)
+	}
+}
+
+// TestReadProcPSS: this process's PSS is read from smaps_rollup, split
+// into its anonymous and file-backed parts, and no larger than its RSS.
+func TestReadProcPSS(t *testing.T) {
+	s, err := ReadProc(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Pss <= 0 || s.PssAnon <= 0 || s.PssAnon+s.PssFile > s.Pss+4096 || s.Pss > s.RSS {
+		t.Fatalf("RSS %d, PSS %d (anon %d, file %d): want 0 < PSS ≤ RSS, parts summing to PSS", s.RSS, s.Pss, s.PssAnon, s.PssFile)
 	}
 }
