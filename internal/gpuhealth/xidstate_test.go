@@ -131,11 +131,11 @@ func TestKernelLogXIDs(t *testing.T) {
 	klog := filepath.Join(dir, "kmsg")
 	j := openJournal(t, filepath.Join(dir, "journal.db"))
 	withLog := func(c *Config) { c.State, c.KernelLog = j, klog }
-	bus := busIDs(t, devicestest.DGXH100)
+	bus := devicestest.New(devicestest.DGXH100).PCIBusID
 	appendFile(t, klog, "6,1,1000,-;Linux version 6.1.0\n"+
-		kmsgLine(4, 10, bus[2], 79)+ // logged before the agent started
-		kmsgLine(12, 11, bus[4], 48)+ // written by a process: not the kernel's
-		kmsgLine(4, 12, bus[6], 13)+ // an application XID: ignorable
+		kmsgLine(4, 10, bus(2), 79)+ // logged before the agent started
+		kmsgLine(12, 11, bus(4), 48)+ // written by a process: not the kernel's
+		kmsgLine(4, 12, bus(6), 13)+ // an application XID: ignorable
 		kmsgLine(4, 13, "00000000:EE:00.0", 79)) // no GPU there
 
 	e := newEnv(t, devicestest.DGXH100, withLog)
@@ -147,7 +147,7 @@ func TestKernelLogXIDs(t *testing.T) {
 		t.Fatalf("journaled kernel log position %d, want 13", st.KernelLogSeq)
 	}
 	// Logged while the agent runs.
-	appendFile(t, klog, kmsgLine(4, 14, bus[4], 48))
+	appendFile(t, klog, kmsgLine(4, 14, bus(4), 48))
 	e.clk.Step(time.Minute)
 	e.mon.Check(ctx)
 	if st, r := e.lastHealth(t); st != corev1.ConditionFalse || r != "GPU2:XID79,GPU4:XID48" {
@@ -158,7 +158,7 @@ func TestKernelLogXIDs(t *testing.T) {
 	if err := e.mon.Pause(ctx); err != nil {
 		t.Fatal(err)
 	}
-	appendFile(t, klog, kmsgLine(4, 15, bus[4], 79))
+	appendFile(t, klog, kmsgLine(4, 15, bus(4), 79))
 	e.devs.ClearXIDs(e.fleet.UUID(2), e.fleet.UUID(4))
 	e.mon.Resume()
 	e.clk.Step(time.Minute)
@@ -168,29 +168,10 @@ func TestKernelLogXIDs(t *testing.T) {
 	}
 
 	// Stopped; an XID is logged while it is down; started again.
-	appendFile(t, klog, kmsgLine(4, 16, bus[7], 48))
+	appendFile(t, klog, kmsgLine(4, 16, bus(7), 48))
 	e2 := newEnv(t, devicestest.DGXH100, withLog)
 	e2.mon.Check(ctx)
 	if st, r := e2.lastHealth(t); st != corev1.ConditionFalse || r != "GPU7:XID48" {
 		t.Fatalf("after a restart: %s/%s, want False/GPU7:XID48 only (records up to 15 were read before)", st, r)
 	}
-}
-
-// busIDs are the PCI bus IDs of the model's GPUs, by index.
-func busIDs(t *testing.T, model devicestest.Model) []string {
-	t.Helper()
-	m, err := devicestest.New(model).Manager(devicestest.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = m.Shutdown() }()
-	s, err := m.Snapshot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out []string
-	for _, g := range s.GPUs {
-		out = append(out, g.PCIBusID)
-	}
-	return out
 }

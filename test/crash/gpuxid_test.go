@@ -32,9 +32,9 @@ func TestGPUXIDsAcrossCrash(t *testing.T) {
 	c := chaosCase(t, node, "gpu-xid", chaosConfig, env.NodeConfig(node))
 	c.kubelet = kubelet
 	klog := filepath.Join(c.dir, "kmsg")
-	bus := mockBusIDs(t)
+	bus := devicestest.New(devicestest.DGXH100).PCIBusID
 	line := func(seq uint64, gpu int, xid uint64) string {
-		return fmt.Sprintf("4,%d,%d,-;NVRM: Xid (PCI:%s): %d, pid=4242, name=train, test\n", seq, seq*1000, devices.BusKey(bus[gpu]), xid)
+		return fmt.Sprintf("4,%d,%d,-;NVRM: Xid (PCI:%s): %d, pid=4242, name=train, test\n", seq, seq*1000, devices.BusKey(bus(gpu)), xid)
 	}
 	if err := os.WriteFile(klog, []byte("6,1,100,-;Linux version 6.1.0\n"+line(2, 2, 79)), 0o600); err != nil {
 		t.Fatal(err)
@@ -72,23 +72,4 @@ func TestGPUXIDsAcrossCrash(t *testing.T) {
 	if b, _ := os.ReadFile(a.log); !strings.Contains(string(b), "kernel log records were overwritten before the agent read them") {
 		t.Errorf("the restarted agent did not log the lost kernel log records:\n%s", tail(a.log, 40))
 	}
-}
-
-// mockBusIDs are the PCI bus IDs of the DGX H100 mock's GPUs, by index.
-func mockBusIDs(t *testing.T) []string {
-	t.Helper()
-	m, err := devicestest.New(devicestest.DGXH100).Manager(devicestest.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = m.Shutdown() }()
-	s, err := m.Snapshot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out []string
-	for _, g := range s.GPUs {
-		out = append(out, g.PCIBusID)
-	}
-	return out
 }

@@ -227,6 +227,10 @@ func (f *Fleet) StableUUIDs() {
 	}
 }
 
+// PCIBusID is GPU i's PCI bus ID as NVML reports it ("00000000:07:00.0"),
+// read without an NVML session.
+func (f *Fleet) PCIBusID(i int) string { return f.dev(i).PciBusID }
+
 // UUID is GPU i's UUID.
 func (f *Fleet) UUID(i int) string { return f.dev(i).UUID }
 
