@@ -36,10 +36,13 @@ import (
 //   - a pod a budget holds back waits, sending nothing, until an update of
 //     a budget that selects it reports disruptionsAllowed > 0 (at most that
 //     many waiting pods are woken per update);
+//   - a pod that is not Ready is never held back: the API server may let
+//     an unhealthy pod go when its budget allows nothing
+//     (unhealthyPodEvictionPolicy), which the cache cannot judge;
 //   - a bounded back-off is the safety net: MinEvictRetry
-//     (DrainOptions.MinRetry), doubling, up to RetryDelay; while the cache
-//     is current it asks the cache, else it sends the eviction; never a
-//     hot loop;
+//     (DrainOptions.MinRetry), doubling, up to RetryDelay; when it runs
+//     out the eviction is sent whatever the cache says, and the server
+//     decides; never a hot loop;
 //   - every pod is evicted in parallel, so independent budgets never wait
 //     on each other;
 //   - an evicted pod is gone when a watch of the node's pods reports it
@@ -251,13 +254,15 @@ func (b *budgets) selecting(pod corev1.Pod) []*budget {
 }
 
 // take reports whether to send pod's eviction now: when the cache is not
-// current, when force, or when every budget selecting the pod allows a
-// disruption — one of which it then takes from each.
+// current, when force, when the pod is not Ready (the server judges an
+// unhealthy pod by the budget's unhealthyPodEvictionPolicy), or when
+// every budget selecting the pod allows a disruption — one of which it
+// then takes from each.
 func (b *budgets) take(pod corev1.Pod, force bool) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	sel := b.selecting(pod)
-	if b.current && !force {
+	if b.current && !force && podReady(pod) {
 		for _, p := range sel {
 			if p.allowed <= 0 {
 				return false
@@ -270,6 +275,17 @@ func (b *budgets) take(pod corev1.Pod, force bool) bool {
 		}
 	}
 	return true
+}
+
+// podReady reports the pod's Ready condition, as the disruption controller
+// counts a pod healthy.
+func podReady(pod corev1.Pod) bool {
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
 }
 
 // restore gives back what take took (the eviction failed for another

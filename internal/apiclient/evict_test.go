@@ -18,7 +18,8 @@ func woken(w *budgetWaiter) bool {
 }
 
 func testPod(ns, app string) corev1.Pod {
-	return corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Labels: map[string]string{"app": app}}}
+	return corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Labels: map[string]string{"app": app}},
+		Status: corev1.PodStatus{Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}}}
 }
 
 func testPDB(ns, name, app string, allowed int32) *policyv1.PodDisruptionBudget {
@@ -70,10 +71,10 @@ func TestBudgetWake(t *testing.T) {
 	}
 }
 
-// TestBudgetTake: with a current cache a pod is sent only when every
+// TestBudgetTake: with a current cache a Ready pod is sent only when every
 // budget selecting it allows a disruption, taking one from each; a refusal
-// empties them; restore gives back; a forced attempt (the back-off) and a
-// cache that is not current always send.
+// empties them; restore gives back; a forced attempt (the back-off), a pod
+// that is not Ready and a cache that is not current always send.
 func TestBudgetTake(t *testing.T) {
 	b := newBudgets()
 	web := testPod("a", "web")
@@ -105,6 +106,11 @@ func TestBudgetTake(t *testing.T) {
 	}
 	if !b.take(testPod("a", "db"), false) {
 		t.Fatal("a pod no budget selects must be sent")
+	}
+	crashing := testPod("a", "web")
+	crashing.Status.Conditions[0].Status = corev1.ConditionFalse
+	if !b.take(crashing, false) {
+		t.Fatal("a pod that is not Ready must be sent: the server may evict it under unhealthyPodEvictionPolicy")
 	}
 	b.setCurrent(false)
 	if !b.take(web, false) {
