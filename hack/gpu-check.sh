@@ -6,7 +6,7 @@
 # `make gpu-check-bin` from $GPU_CHECK_DIR (default bin/gpu-check; under
 # 64 MiB together, so they can be carried to a GPU machine without Go or
 # network):
-#   lifecycle-agent --version, doctor, gpu inventory [--json],
+#   lifecycle-agent --version, doctor, gpu inventory [--json], gpu xids,
 #     gpu reset --dry-run --gpus all, gpu reset --dry-run --gpus 0 --drain
 #                              every read-only agent command that touches GPUs
 #   gpucheck holders           processes holding /dev/nvidia* (before and after)
@@ -104,6 +104,10 @@ case $rc in
 esac
 run inventory-json "$BIN" gpu inventory --json
 [ "$rc" -eq 0 ] || fail "gpu inventory --json exited $rc"
+
+step "lifecycle-agent gpu xids (this boot's kernel log, as the agent judges it)"
+run xids "$BIN" gpu xids
+[ "$rc" -eq 0 ] || fail "gpu xids exited $rc"
 
 step "lifecycle-agent gpu reset --dry-run (checks only; no reset)"
 run dry-run-all "$BIN" gpu reset --dry-run --gpus all

@@ -1,11 +1,13 @@
 package main
 
-// `lifecycle-agent gpu inventory|reset`: read-only views of this node's
-// NVIDIA GPUs through the same devices.Manager the agent uses.
+// `lifecycle-agent gpu inventory|reset|xids`: read-only views of this
+// node's NVIDIA GPUs through the same devices.Manager the agent uses.
 //
 //	gpu inventory [-o text|json]            identity, modes, processes, health per GPU
 //	gpu reset --dry-run --gpus SEL [--drain]  the gpu-reset checks, up to (not
 //	                                        including) the reset, and what it would do
+//	gpu xids [--kernel-log PATH] [-o text|json]  the kernel log's XIDs, judged
+//	                                        as the GPU monitor does (no NVML needed)
 //
 // Exit codes: 0 ok; 1 failed (for reset --dry-run: the reset would be
 // refused now, the blockers are printed); 2 usage (gpu reset without
@@ -35,7 +37,7 @@ const exitNoNVML = 3
 
 func newGPUCmd(e *env) *cobra.Command {
 	cmd := &cobra.Command{
-		Use:   "gpu inventory|reset",
+		Use:   "gpu inventory|reset|xids",
 		Short: "Inspect this node's NVIDIA GPUs (read-only)",
 		Long: `Read this node's NVIDIA GPUs through NVML, as the agent does. Nothing here changes
 a GPU: a real reset only happens through a gpu-reset LifecycleEvent.
@@ -47,10 +49,10 @@ Exit codes: 0 ok, 1 failed (reset --dry-run: the reset would be refused), 2 usag
 			return nil
 		},
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return usageErrorf("missing subcommand: inventory or reset")
+			return usageErrorf("missing subcommand: inventory, reset or xids")
 		},
 	}
-	cmd.AddCommand(newGPUInventoryCmd(e), newGPUResetCmd(e))
+	cmd.AddCommand(newGPUInventoryCmd(e), newGPUResetCmd(e), newGPUXIDsCmd(e))
 	return cmd
 }
 

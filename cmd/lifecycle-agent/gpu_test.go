@@ -89,7 +89,7 @@ func TestGPUCommands(t *testing.T) {
 		},
 		{
 			name: "gpu without a subcommand", args: []string{"gpu"}, code: 2,
-			stderr: `^lifecycle-agent: gpu: missing subcommand: inventory or reset; run 'lifecycle-agent gpu --help'\n$`,
+			stderr: `^lifecycle-agent: gpu: missing subcommand: inventory, reset or xids; run 'lifecycle-agent gpu --help'\n$`,
 		},
 		{
 			name: "unknown gpu subcommand", args: []string{"gpu", "rest"}, code: 2,
