@@ -134,6 +134,12 @@ func startShutdownGuard(ctx context.Context, cfg *config.Config, l *host.Logind,
 		} else if changed {
 			log.Info("raised logind's InhibitDelayMaxSec", "dropIn", l.DropInPath(), "budget", cfg.Shutdown.Budget.String())
 		}
+		// The kubelet starts after us and may write a larger value.
+		go func() {
+			if err := l.FollowKubeletDropIn(ctx, cfg.Shutdown.Budget); err != nil {
+				log.Warn("not following the kubelet's logind drop-in: restart the agent after changing the kubelet's shutdownGracePeriod", "err", err)
+			}
+		}()
 	}
 	if d, err := l.InhibitDelayMax(ctx); err != nil {
 		log.Warn("no logind: the shutdown driver is off", "err", err)

@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"time"
 	"unicode"
+
+	"github.com/fsnotify/fsnotify"
 )
 
 // DropInPath returns the path of the drop-in EnsureInhibitDelay writes.
@@ -54,7 +56,7 @@ func (l *Logind) EnsureInhibitDelay(ctx context.Context, budget time.Duration) (
 	want := max(budget, kubelet)
 	secs := int64(math.Ceil(want.Seconds()))
 	content := []byte(fmt.Sprintf("# Written by lifecycle-agent: the shutdown budget, or the kubelet's\n"+
-		"# %s if larger. Rewritten at agent start; do not edit.\n"+
+		"# %s if larger. Rewritten by the agent; do not edit.\n"+
 		"[Login]\nInhibitDelayMaxSec=%d\n", kubeletDropInName, secs))
 	path := l.DropInPath()
 	log := l.log.With("path", path, "inhibit_delay_max_sec", secs)
@@ -250,4 +252,58 @@ func syncDir(dir string) error {
 		return fmt.Errorf("fsync directory %s: %w", dir, err)
 	}
 	return nil
+}
+
+// FollowKubeletDropIn keeps the drop-in at max(budget, the kubelet's) after
+// start, until ctx ends: it watches Config.LogindConfDir (inotify) and runs
+// EnsureInhibitDelay whenever 99-kubelet.conf is written or removed. The
+// case it exists for: on a node's first boot the agent starts before the
+// kubelet (Before=kubelet.service) and writes its budget; the kubelet then
+// writes its larger shutdownGracePeriod into 99-kubelet.conf and reloads
+// logind, but our file sorts after it and wins, so logind keeps the smaller
+// value, the kubelet's check of it times out after about 3 s and it runs
+// without graceful node shutdown. Following the kubelet's file within
+// milliseconds lets that check pass. It returns an error only when the
+// directory cannot be watched.
+func (l *Logind) FollowKubeletDropIn(ctx context.Context, budget time.Duration) error {
+	dir := l.cfg.LogindConfDir
+	if err := ensureDir(dir); err != nil {
+		return fmt.Errorf("host: follow %s: %w", kubeletDropInName, err)
+	}
+	w, err := fsnotify.NewWatcher()
+	if err != nil {
+		return fmt.Errorf("host: follow %s: %w", kubeletDropInName, err)
+	}
+	defer w.Close()
+	if err := w.Add(dir); err != nil {
+		return fmt.Errorf("host: follow %s: watch %s: %w", kubeletDropInName, dir, err)
+	}
+	ensure := func(why string) {
+		changed, err := l.EnsureInhibitDelay(ctx, budget)
+		switch {
+		case err != nil:
+			l.log.Warn("could not follow the kubelet's logind drop-in", "why", why, "err", err)
+		case changed:
+			l.log.Info("logind drop-in follows the kubelet's", "why", why, "path", l.DropInPath())
+		}
+	}
+	ensure("watch started") // a change between the agent's start and the watch
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case ev, ok := <-w.Events:
+			if !ok {
+				return fmt.Errorf("host: follow %s: watcher closed", kubeletDropInName)
+			}
+			if filepath.Base(ev.Name) == kubeletDropInName {
+				ensure(ev.Op.String())
+			}
+		case err, ok := <-w.Errors:
+			if !ok {
+				return fmt.Errorf("host: follow %s: watcher closed", kubeletDropInName)
+			}
+			l.log.Warn("watching the logind drop-in directory", "dir", dir, "err", err)
+		}
+	}
 }

@@ -25,7 +25,7 @@ func newDropInEnv(t *testing.T) (*Logind, *logindtest.Server, string) {
 
 func wantDropIn(secs string) string {
 	return "# Written by lifecycle-agent: the shutdown budget, or the kubelet's\n" +
-		"# 99-kubelet.conf if larger. Rewritten at agent start; do not edit.\n" +
+		"# 99-kubelet.conf if larger. Rewritten by the agent; do not edit.\n" +
 		"[Login]\nInhibitDelayMaxSec=" + secs + "\n"
 }
 
@@ -225,5 +225,59 @@ func TestWriteFileAtomic(t *testing.T) {
 	}
 	if err := WriteFileAtomic(filepath.Join(dir, "missing", "f"), []byte("x"), 0o644); err == nil {
 		t.Fatal("write into a missing directory succeeded")
+	}
+}
+
+// TestFollowKubeletDropIn: the agent wrote its budget before the kubelet
+// started (a node's first boot); the kubelet then writes a larger
+// InhibitDelayMaxSec into 99-kubelet.conf. The agent's drop-in follows
+// within the kubelet's ~3 s check, and logind (reloaded over D-Bus) reports
+// the kubelet's value, so the kubelet's graceful node shutdown starts.
+// Without the follow our file, which sorts last, would keep 5 s.
+func TestFollowKubeletDropIn(t *testing.T) {
+	ctx := testCtx(t)
+	l, _, dir := newDropInEnv(t)
+	if _, err := l.EnsureInhibitDelay(ctx, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- l.FollowKubeletDropIn(ctx, 5*time.Second) }()
+	effective := func(want time.Duration) bool {
+		d, err := l.InhibitDelayMax(ctx)
+		return err == nil && d == want
+	}
+	kubelet := filepath.Join(dir, "99-kubelet.conf")
+	// The kubelet's write, as it does it (a plain WriteFile); before or
+	// after the watch is set up (the follow checks once after setting it).
+	if err := os.WriteFile(kubelet, []byte("[Login]\nInhibitDelayMaxSec=30\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(3 * time.Second) // the kubelet gives up after about 3 s
+	for !effective(30 * time.Second) {
+		if time.Now().After(deadline) {
+			got, _ := os.ReadFile(l.DropInPath())
+			d, _ := l.InhibitDelayMax(ctx)
+			t.Fatalf("logind's InhibitDelayMax %s 3 s after the kubelet wrote 30s (our drop-in:\n%s)", d, got)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if got, _ := os.ReadFile(l.DropInPath()); string(got) != wantDropIn("30") {
+		t.Fatalf("drop-in =\n%s\nwant\n%s", got, wantDropIn("30"))
+	}
+	// The kubelet's grace period lowered below our budget: ours is kept.
+	if err := os.Remove(kubelet); err != nil {
+		t.Fatal(err)
+	}
+	deadline = time.Now().Add(3 * time.Second)
+	for !effective(5 * time.Second) {
+		if time.Now().After(deadline) {
+			t.Fatal("after the kubelet's drop-in went away, logind did not come back to the agent's 5 s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	select {
+	case err := <-done:
+		t.Fatalf("FollowKubeletDropIn returned early: %v", err)
+	default:
 	}
 }
