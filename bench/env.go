@@ -315,42 +315,28 @@ func ReadProc(pid int) (ProcSample, error) {
 	if err != nil {
 		return s, err
 	}
-	for _, line := range strings.Split(string(st2), "\n") {
+	kb := kbFields(st2)
+	s.RSS, s.HWM, s.RssAnon, s.RssFile = kb["VmRSS"], kb["VmHWM"], kb["RssAnon"], kb["RssFile"]
+	// smaps_rollup: Linux ≥ 4.14; its absence leaves the PSS figures 0.
+	if r, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps_rollup", pid)); err == nil {
+		kb := kbFields(r)
+		s.Pss, s.PssAnon, s.PssFile = kb["Pss"], kb["Pss_Anon"], kb["Pss_File"]
+	}
+	return s, nil
+}
+
+// kbFields reads /proc's "Key:   123 kB" lines into bytes by key.
+func kbFields(b []byte) map[string]int64 {
+	out := map[string]int64{}
+	for _, line := range strings.Split(string(b), "\n") {
 		k, v, ok := strings.Cut(line, ":")
 		if !ok {
 			continue
 		}
 		kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-		switch k {
-		case "VmRSS":
-			s.RSS = kb << 10
-		case "VmHWM":
-			s.HWM = kb << 10
-		case "RssAnon":
-			s.RssAnon = kb << 10
-		case "RssFile":
-			s.RssFile = kb << 10
-		}
+		out[k] = kb << 10
 	}
-	// smaps_rollup: Linux ≥ 4.14; its absence leaves the PSS figures 0.
-	if r, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps_rollup", pid)); err == nil {
-		for _, line := range strings.Split(string(r), "\n") {
-			k, v, ok := strings.Cut(line, ":")
-			if !ok {
-				continue
-			}
-			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-			switch k {
-			case "Pss":
-				s.Pss = kb << 10
-			case "Pss_Anon":
-				s.PssAnon = kb << 10
-			case "Pss_File":
-				s.PssFile = kb << 10
-			}
-		}
-	}
-	return s, nil
+	return out
 }
 
 // CPUPercent is the CPU used between two samples, in percent of one core.

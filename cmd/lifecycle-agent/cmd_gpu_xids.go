@@ -74,30 +74,28 @@ func runGPUXIDs(e *env, o gpuXIDsOptions) (err error) {
 		}
 	}
 	// NVML names the GPUs when it loads; the XIDs are worth listing without.
-	var gpus []devices.GPUInfo
+	var snap devices.Snapshot
 	if m, oerr := openGPUs(e.cfg, gpuLog(e)); oerr == nil {
 		if s, serr := m.Snapshot(); serr == nil {
-			gpus = s.GPUs
+			snap = s
 		}
 		err = errors.Join(err, m.Shutdown())
 	}
-	if werr := writeXIDs(e.stdout, xids, gpus, lost, o); werr != nil {
+	if werr := writeXIDs(e.stdout, xids, snap, lost, o); werr != nil {
 		return errors.Join(err, werr)
 	}
 	return err
 }
 
-// writeXIDs prints the XIDs, each with its class and, when gpus has one at
+// writeXIDs prints the XIDs, each with its class and, when snap has one at
 // its PCI address, the GPU.
-func writeXIDs(out io.Writer, xids []devices.KernelXID, gpus []devices.GPUInfo, lost bool, o gpuXIDsOptions) error {
+func writeXIDs(out io.Writer, xids []devices.KernelXID, snap devices.Snapshot, lost bool, o gpuXIDsOptions) error {
 	view := make([]xidJSON, 0, len(xids))
 	for _, x := range xids {
 		v := xidJSON{Seq: x.Seq, PCI: x.Bus, XID: x.XID, Class: devices.ClassifyXID(x.XID, nil).String(), Text: x.Text}
-		for _, g := range gpus {
-			if devices.BusKey(g.PCIBusID) == x.Bus {
-				i := g.Index
-				v.Index, v.UUID = &i, g.UUID
-			}
+		if g, ok := snap.AtBus(x.Bus); ok {
+			i := g.Index
+			v.Index, v.UUID = &i, g.UUID
 		}
 		view = append(view, v)
 	}

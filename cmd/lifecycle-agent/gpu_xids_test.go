@@ -62,7 +62,7 @@ func TestWriteXIDsNamesGPU(t *testing.T) {
 	g := s.GPUs[3]
 	x := devices.KernelXID{Seq: 9, Bus: devices.BusKey(g.PCIBusID), XID: 64, Text: "NVRM: Xid (PCI:…): 64"}
 	var out bytes.Buffer
-	if err := writeXIDs(&out, []devices.KernelXID{x}, s.GPUs, true, gpuXIDsOptions{Output: outText}); err != nil {
+	if err := writeXIDs(&out, []devices.KernelXID{x}, s, true, gpuXIDsOptions{Output: outText}); err != nil {
 		t.Fatal(err)
 	}
 	if !strings.Contains(out.String(), "3 "+g.UUID) || !strings.Contains(out.String(), "replace") || !strings.Contains(out.String(), "overwritten") {

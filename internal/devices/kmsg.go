@@ -155,6 +155,16 @@ func BusKey(pciBusID string) string {
 	return busKey(p[0], p[1], p[2])
 }
 
+// AtBus returns the GPU of s at the kernel log's PCI address (BusKey form).
+func (s Snapshot) AtBus(bus string) (GPUInfo, bool) {
+	for _, g := range s.GPUs {
+		if BusKey(g.PCIBusID) == bus {
+			return g, true
+		}
+	}
+	return GPUInfo{}, false
+}
+
 func busKey(domain, bus, device string) string {
 	d, err1 := strconv.ParseUint(domain, 16, 32)
 	b, err2 := strconv.ParseUint(bus, 16, 8)

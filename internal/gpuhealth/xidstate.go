@@ -106,7 +106,8 @@ func (m *Monitor) readKernelLog(s *devices.Snapshot, latch bool) int {
 			m.log.Info("XID logged during a GPU reset not latched", "pci", x.Bus, "xid", x.XID, "seq", x.Seq)
 			continue
 		}
-		uuid := uuidAt(*s, x.Bus)
+		g, _ := s.AtBus(x.Bus)
+		uuid := g.UUID
 		if uuid == "" {
 			m.log.Warn("XID in the kernel log for a PCI address NVML does not list", "pci", x.Bus, "xid", x.XID, "seq", x.Seq, "text", x.Text)
 			continue
@@ -195,16 +196,6 @@ func addXID(s *devices.Snapshot, uuid string, xid uint64) bool {
 
 func listed(s devices.Snapshot, uuid string) bool {
 	return slices.ContainsFunc(s.GPUs, func(g devices.GPUInfo) bool { return g.UUID == uuid })
-}
-
-// uuidAt is the UUID of the GPU at the kernel log's PCI address.
-func uuidAt(s devices.Snapshot, bus string) string {
-	for _, g := range s.GPUs {
-		if devices.BusKey(g.PCIBusID) == bus {
-			return g.UUID
-		}
-	}
-	return ""
 }
 
 func sorted(x []uint64) []uint64 {
