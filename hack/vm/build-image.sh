@@ -15,7 +15,7 @@
 # (QEMU guestfwd) to the host's test kube-apiserver on 127.0.0.1; the guest reaches nothing else.
 #
 # Env: VM_CACHE_DIR, VM_MIRROR (default: the first non-security URI in this machine's apt sources),
-#      VM_SUITE (bookworm), VM_DISK_SIZE (3G), VM_EXTRA_PACKAGES (comma-separated),
+#      VM_SUITE (bookworm), VM_DISK_SIZE (4G), VM_NODEBIN (default: the output of hack/nodebin.sh), VM_EXTRA_PACKAGES (comma-separated),
 #      VM_PRUNE_MODULES (1: delete gpu/sound/wifi/... kernel modules), VM_COMPRESS (0: qcow2 -c),
 #      VM_BUILD_TIMEOUT (1800 s for debootstrap), VM_FORCE (1: rebuild even if the stamp matches)
 # Host packages (Debian): debootstrap qemu-utils e2fsprogs xz-utils openssh-client python3; run as root.
@@ -23,7 +23,7 @@ set -euo pipefail
 
 CACHE=${VM_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/lifecycle-agent/vm}
 SUITE=${VM_SUITE:-bookworm}
-DISK_SIZE=${VM_DISK_SIZE:-3G}
+DISK_SIZE=${VM_DISK_SIZE:-4G}
 PRUNE=${VM_PRUNE_MODULES:-1}
 COMPRESS=${VM_COMPRESS:-0}
 BUILD_TIMEOUT=${VM_BUILD_TIMEOUT:-1800}
@@ -49,7 +49,11 @@ done
 [ ${#missing[@]} -eq 0 ] || { echo "build-image.sh: missing host tools; install them with: apt-get install -y ${missing[*]}" >&2; exit 2; }
 [ "$(id -u)" = 0 ] || { echo "build-image.sh: must run as root (debootstrap/chroot)" >&2; exit 2; }
 
-STAMP=$( { cat "$0"; echo "$SUITE $VM_MIRROR $PKGS $DISK_SIZE $PRUNE $COMPRESS"; } | sha256sum | cut -c1-16)
+# The test node's kubelet, containerd, runc, CNI plugins and images (hack/nodebin.sh, cached by its own key):
+# installed in the image, their units disabled; the real-node tests enable them (test/vm realnode_test.go).
+NODEBIN=${VM_NODEBIN:-$("$(dirname "$0")/../nodebin.sh")} || { echo "build-image.sh: hack/nodebin.sh failed" >&2; exit 1; }
+[ -f "$NODEBIN/done" ] || { echo "build-image.sh: $NODEBIN is not a hack/nodebin.sh output" >&2; exit 1; }
+STAMP=$( { cat "$0"; echo "$SUITE $VM_MIRROR $PKGS $DISK_SIZE $PRUNE $COMPRESS $(basename "$NODEBIN")"; } | sha256sum | cut -c1-16)
 mkdir -p "$CACHE"
 exec 8>"$CACHE/.build.lock"
 flock 8   # one builder at a time; a parallel caller waits, then gets the cache hit
@@ -113,6 +117,94 @@ mkdir -p "$R/root/.ssh"; chmod 700 "$R/root/.ssh"
 cp "$CACHE/id_ed25519.pub" "$R/root/.ssh/authorized_keys"; chmod 600 "$R/root/.ssh/authorized_keys"
 # UsePAM no: no logind session and no user manager (systemd --user) per ssh login, which costs seconds under TCG
 printf 'UseDNS no\nPermitRootLogin prohibit-password\nUsePAM no\n' > "$R/etc/ssh/sshd_config.d/ci.conf"
+# ---------- the test node: kubelet + containerd (disabled; test/vm enables them for the real-node scenarios) ----------
+install -m 0755 "$NODEBIN"/bin/* "$R/usr/local/bin/"
+mkdir -p "$R/opt/cni/bin" "$R/etc/cni/net.d" "$R/etc/containerd" "$R/var/lib/kubelet" "$R/var/lib/lifecycle-test/images" "$R/var/lib/lifecycle-test/record"
+install -m 0755 "$NODEBIN"/cni/* "$R/opt/cni/bin/"
+install -m 0644 "$NODEBIN"/images/*.tar "$R/var/lib/lifecycle-test/images/"
+printf 'overlay\nbridge\nveth\n' > "$R/etc/modules-load.d/ci-node.conf"
+cat > "$R/etc/containerd/config.toml" <<'EOF'
+# containerd 2.x for the test node: the sandbox image is the one imported from /var/lib/lifecycle-test/images
+# (no registry is reachable), runc with the systemd cgroup driver like the kubelet.
+version = 3
+[plugins.'io.containerd.cri.v1.images'.pinned_images]
+  sandbox = 'lifecycle.test/pause:1'
+[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
+  SystemdCgroup = true
+EOF
+cat > "$R/etc/cni/net.d/10-test.conflist" <<'EOF'
+{"cniVersion": "1.0.0", "name": "test-pods", "plugins": [
+  {"type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": false,
+   "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.88.0.0/16"}]], "routes": [{"dst": "0.0.0.0/0"}]}}]}
+EOF
+cat > "$R/etc/systemd/system/containerd.service" <<'EOF'
+[Unit]
+Description=containerd (test node runtime, hack/nodebin.sh)
+After=network.target local-fs.target
+[Service]
+ExecStartPre=-/sbin/modprobe overlay
+ExecStart=/usr/local/bin/containerd
+Type=notify
+Delegate=yes
+KillMode=process
+Restart=always
+RestartSec=2
+LimitNOFILE=infinity
+OOMScoreAdjust=-999
+[Install]
+WantedBy=multi-user.target
+EOF
+cat > "$R/etc/systemd/system/ci-images.service" <<'EOF'
+[Unit]
+Description=Import the test node's images (pause, workload) into containerd
+Requires=containerd.service
+After=containerd.service
+Before=kubelet.service
+ConditionPathExists=!/var/lib/lifecycle-test/images/.imported
+[Service]
+Type=oneshot
+ExecStart=/usr/local/bin/ctr -n k8s.io images import /var/lib/lifecycle-test/images/pause.tar
+ExecStart=/usr/local/bin/ctr -n k8s.io images import /var/lib/lifecycle-test/images/workload.tar
+ExecStart=/usr/bin/touch /var/lib/lifecycle-test/images/.imported
+[Install]
+WantedBy=multi-user.target
+EOF
+cat > "$R/etc/systemd/system/kubelet.service" <<'EOF'
+[Unit]
+Description=kubelet (test node, hack/nodebin.sh)
+Wants=containerd.service ci-images.service
+After=containerd.service ci-images.service network.target
+[Service]
+ExecStart=/usr/local/bin/kubelet --config=/var/lib/kubelet/config.yaml --kubeconfig=/etc/kubernetes/kubelet.conf --hostname-override=vm-node --node-ip=10.0.2.15
+Restart=always
+RestartSec=2
+[Install]
+WantedBy=multi-user.target
+EOF
+# The kubelet's graceful node shutdown is on (shutdownGracePeriod): it takes its own logind delay lock and
+# writes /run/systemd/logind.conf.d/99-kubelet.conf beside the agent's drop-in. Authentication is open
+# (anonymous, AlwaysAllow) because port 10250 is reachable from nothing but the guest itself (restrict=on).
+cat > "$R/var/lib/kubelet/config.yaml" <<'EOF'
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+cgroupDriver: systemd
+containerRuntimeEndpoint: unix:///run/containerd/containerd.sock
+authentication:
+  anonymous: {enabled: true}
+  webhook: {enabled: false}
+authorization:
+  mode: AlwaysAllow
+failSwapOn: false
+rotateCertificates: false
+serializeImagePulls: false
+shutdownGracePeriod: 20s
+shutdownGracePeriodCriticalPods: 5s
+evictionHard: {memory.available: "50Mi", nodefs.available: "2%", imagefs.available: "2%", nodefs.inodesFree: "2%"}
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+nodeStatusReportFrequency: 1m
+EOF
+
 # small initramfs: only what is needed to mount an ext4 root on virtio-blk
 sed -i 's/^MODULES=.*/MODULES=list/' "$R/etc/initramfs-tools/initramfs.conf"
 printf 'virtio_pci\nvirtio_blk\next4\n' >> "$R/etc/initramfs-tools/modules"
