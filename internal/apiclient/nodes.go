@@ -184,16 +184,31 @@ func (c *Client) uncordonOnce(ctx context.Context, owner string, force bool) (ch
 	return true, nil
 }
 
-// NodeReady reports the kubelet's Ready condition.
-func (c *Client) NodeReady(ctx context.Context) (bool, error) {
+// NodeReady reports whether the kubelet reports the Node Ready in this
+// boot. When bootID is set and the Node carries a boot ID
+// (status.nodeInfo.bootID, which every kubelet reports), the two must
+// match: right after a reboot the Node still shows the previous boot's
+// Ready=True until the node lifecycle controller marks it Unknown (40 s by
+// default) — longer than a fast reboot — so Ready alone would let the agent
+// uncordon before this boot's kubelet is up. A Node without a boot ID has
+// no kubelet reporting one (a test stand-in): Ready alone decides.
+func (c *Client) NodeReady(ctx context.Context, bootID string) (bool, error) {
 	node, err := c.GetNode(ctx)
 	if err != nil {
 		return false, err
 	}
+	return ReadyInBoot(node, bootID), nil
+}
+
+// ReadyInBoot is NodeReady's judgement of a Node object.
+func ReadyInBoot(node *corev1.Node, bootID string) bool {
+	if bootID != "" && node.Status.NodeInfo.BootID != "" && node.Status.NodeInfo.BootID != bootID {
+		return false
+	}
 	for _, cond := range node.Status.Conditions {
 		if cond.Type == corev1.NodeReady {
-			return cond.Status == corev1.ConditionTrue, nil
+			return cond.Status == corev1.ConditionTrue
 		}
 	}
-	return false, nil
+	return false
 }

@@ -113,7 +113,9 @@ type NodeAPI interface {
 	CordonOwner(ctx context.Context) (owner string, cordoned bool, err error)
 	Drain(ctx context.Context, o apiclient.DrainOptions) (apiclient.DrainResult, error)
 	PodsLeft(ctx context.Context, o apiclient.DrainOptions) ([]string, error)
-	NodeReady(ctx context.Context) (bool, error)
+	// NodeReady: the kubelet reports the Node Ready in the boot bootID
+	// (apiclient.Client.NodeReady).
+	NodeReady(ctx context.Context, bootID string) (bool, error)
 }
 
 // Resolver drivers turn an event's parameters into a fixed plan once, at

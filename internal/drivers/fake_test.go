@@ -288,7 +288,7 @@ func (a *fakeAPI) PodsLeft(ctx context.Context, o apiclient.DrainOptions) ([]str
 	return a.podsLeft, nil
 }
 
-func (a *fakeAPI) NodeReady(ctx context.Context) (bool, error) {
+func (a *fakeAPI) NodeReady(ctx context.Context, bootID string) (bool, error) {
 	a.rec.add("api.NodeReady")
 	a.mu.Lock()
 	defer a.mu.Unlock()

@@ -230,7 +230,7 @@ func (a *gpuAPI) PodsLeft(context.Context, apiclient.DrainOptions) ([]string, er
 	return nil, nil
 }
 
-func (a *gpuAPI) NodeReady(context.Context) (bool, error) { return true, nil }
+func (a *gpuAPI) NodeReady(context.Context, string) (bool, error) { return true, nil }
 
 // gpuRuntime is a recording Runtime over a gpuJournal.
 type gpuRuntime struct {

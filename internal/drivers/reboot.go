@@ -264,10 +264,10 @@ func (c RebootConfig) waitFor(ctx context.Context, d time.Duration, cond func() 
 func (c RebootConfig) readyStep() Step {
 	return Step{Name: "wait-ready", NeedsAPI: true, Run: func(ctx context.Context, rt Runtime) error {
 		timeout := orDefault(c.ReadyTimeout, DefaultReadyTimeout)
-		rt.Progress(fmt.Sprintf("waiting up to %s for the kubelet to report the node Ready", timeout))
+		rt.Progress(fmt.Sprintf("waiting up to %s for the kubelet to report the node Ready in this boot", timeout))
 		var last error
 		ready, err := c.waitFor(ctx, timeout, func() bool {
-			ok, err := rt.API().NodeReady(ctx)
+			ok, err := rt.API().NodeReady(ctx, rt.Host().BootID())
 			last = err
 			return err == nil && ok
 		})
@@ -278,7 +278,7 @@ func (c RebootConfig) readyStep() Step {
 			if last != nil {
 				return fmt.Errorf("the node did not become Ready within %s (reboot.readyTimeout); last error reading the Node: %w", timeout, last)
 			}
-			return fmt.Errorf("the node did not become Ready within %s (reboot.readyTimeout): the kubelet's Ready condition is not True", timeout)
+			return fmt.Errorf("the node did not become Ready within %s (reboot.readyTimeout): the kubelet's Ready condition is not True, or its status.nodeInfo.bootID is not this boot's %s", timeout, rt.Host().BootID())
 		}
 		rt.Progress("node is Ready")
 		return nil
