@@ -29,8 +29,12 @@ type Workload struct {
 	Replicas        int
 	// MinAvailable, when > 0, adds a PodDisruptionBudget.
 	MinAvailable int
-	mu           sync.Mutex
-	replaced     int
+	// PodSpec, when set, gives the pods' spec for a node (Node's and
+	// Spare's alike): e.g. a real image for a real kubelet. Nil: a
+	// placeholder image that only a kubelet stand-in "runs".
+	PodSpec  func(node string) corev1.PodSpec
+	mu       sync.Mutex
+	replaced int
 }
 
 // Replaced returns how many pods were recreated on the spare node.
@@ -114,7 +118,7 @@ func (w *Workload) Start(ctx context.Context, cfg *rest.Config) error {
 	sts, err := cs.AppsV1().StatefulSets(w.Namespace).Create(ctx, &appsv1.StatefulSet{
 		ObjectMeta: metav1.ObjectMeta{Name: w.Name},
 		Spec: appsv1.StatefulSetSpec{Replicas: &replicas, Selector: &metav1.LabelSelector{MatchLabels: labels},
-			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: labels}, Spec: podSpec("")}},
+			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: labels}, Spec: w.spec("")}},
 	}, metav1.CreateOptions{})
 	if err != nil {
 		return err
@@ -131,7 +135,7 @@ func (w *Workload) Start(ctx context.Context, cfg *rest.Config) error {
 	ref := metav1.OwnerReference{APIVersion: "apps/v1", Kind: "StatefulSet", Name: sts.Name, UID: sts.UID, Controller: ptr(true)}
 	for i := 0; i < w.Replicas; i++ {
 		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%s-%d", w.Name, i), Labels: labels, OwnerReferences: []metav1.OwnerReference{ref}},
-			Spec: podSpec(w.Node)}
+			Spec: w.spec(w.Node)}
 		if _, err := cs.CoreV1().Pods(w.Namespace).Create(ctx, p, metav1.CreateOptions{}); err != nil {
 			return err
 		}
@@ -149,7 +153,7 @@ func (w *Workload) Start(ctx context.Context, cfg *rest.Config) error {
 				continue
 			}
 			p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%s-%d", w.Name, n), Labels: labels, OwnerReferences: []metav1.OwnerReference{ref}},
-				Spec: podSpec(w.Spare)}
+				Spec: w.spec(w.Spare)}
 			n++
 			if _, err := cs.CoreV1().Pods(w.Namespace).Create(ctx, p, metav1.CreateOptions{}); err == nil {
 				w.mu.Lock()
@@ -159,6 +163,15 @@ func (w *Workload) Start(ctx context.Context, cfg *rest.Config) error {
 		}
 	}()
 	return nil
+}
+
+func (w *Workload) spec(node string) corev1.PodSpec {
+	if w.PodSpec != nil {
+		s := w.PodSpec(node)
+		s.NodeName = node
+		return s
+	}
+	return podSpec(node)
 }
 
 func podSpec(node string) corev1.PodSpec {

@@ -47,13 +47,34 @@ type Cluster struct {
 	// https://kubernetes:6443, the test CA.
 	Kubeconfig string
 	// Kubelet finishes pods bound to vm-node as a kubelet would (there is
-	// none in the guest), so that a drain completes.
+	// none in the guest), so that a drain completes; with RealKubelet it
+	// plays SpareNode's kubelet instead.
 	Kubelet *testenv.KubeletStandIn
 }
+
+// ClusterOptions change what StartClusterWith sets up.
+type ClusterOptions struct {
+	// RealKubelet: the guest's own kubelet registers vm-node (test/vm
+	// realnode_test.go), so no Node vm-node is created and no stand-in
+	// plays its kubelet. kube-controller-manager runs (PDB status,
+	// ServiceAccounts), and a Node SpareNode with a kubelet stand-in takes
+	// the replacements of evicted pods (Cluster.Kubelet is its stand-in).
+	RealKubelet bool
+}
+
+// SpareNode is the host-side Node (a kubelet stand-in) of a RealKubelet
+// cluster, where replacements of evicted pods land.
+const SpareNode = "spare-node"
 
 // StartCluster starts the control plane, installs deploy/ and creates the
 // Node vm-node with a Ready condition. Everything stops when the test ends.
 func StartCluster(t testing.TB) *Cluster {
+	t.Helper()
+	return StartClusterWith(t, ClusterOptions{})
+}
+
+// StartClusterWith is StartCluster with options.
+func StartClusterWith(t testing.TB, opts ClusterOptions) *Cluster {
 	t.Helper()
 	RequireHostTools(t)
 	dir := RunDir(t)
@@ -65,7 +86,7 @@ func StartCluster(t testing.TB) *Cluster {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { logf.Close() })
-	env, err := testenv.Start(ctx, testenv.Options{Log: logf, Dir: filepath.Join(dir, "testenv")})
+	env, err := testenv.Start(ctx, testenv.Options{Log: logf, Dir: filepath.Join(dir, "testenv"), ControllerManager: opts.RealKubelet})
 	if err != nil {
 		t.Fatalf("vm: cannot start the test control plane: %v", err)
 	}
@@ -83,14 +104,21 @@ func StartCluster(t testing.TB) *Cluster {
 	}
 	c := &Cluster{Env: env, Admin: admin, Lifecycle: lc, Node: NodeName, Dir: dir}
 
-	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: NodeName, Labels: map[string]string{
-		"kubernetes.io/hostname": NodeName, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
-	}}}
-	node, err = admin.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatalf("vm: create node: %v", err)
+	standIn := NodeName
+	if opts.RealKubelet {
+		standIn = SpareNode
+		if err := testenv.CreateNode(ctx, env.AdminConfig(), SpareNode, map[string]string{"kubernetes.io/hostname": SpareNode}); err != nil {
+			t.Fatalf("vm: create node %s: %v", SpareNode, err)
+		}
+	} else {
+		node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: NodeName, Labels: map[string]string{
+			"kubernetes.io/hostname": NodeName, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
+		}}}
+		if _, err = admin.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); err != nil {
+			t.Fatalf("vm: create node: %v", err)
+		}
+		c.SetNodeReady(t, true)
 	}
-	c.SetNodeReady(t, true)
 	// Pods need their ServiceAccount (admission); there is no controller
 	// manager to create it.
 	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default", Namespace: "default"}}
@@ -107,7 +135,7 @@ func StartCluster(t testing.TB) *Cluster {
 
 	kctx, kcancel := context.WithCancel(context.Background())
 	t.Cleanup(kcancel)
-	if c.Kubelet, err = testenv.RunKubeletStandIn(kctx, env.AdminConfig(), NodeName); err != nil {
+	if c.Kubelet, err = testenv.RunKubeletStandIn(kctx, env.AdminConfig(), standIn); err != nil {
 		t.Fatalf("vm: kubelet stand-in: %v", err)
 	}
 	Timings.Record("control plane start", time.Since(start))
