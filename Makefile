@@ -81,7 +81,7 @@ VM_TEST_TIMEOUT ?= 60m
 # VM_TESTS narrows it (a go test -run pattern) when working on one scenario.
 VM_TESTS ?= .
 
-test-vm: kubebin deb ## VM tests: harness, (a) reboot, (b) graceful shutdown, (c) power cuts, (d) upgrade mid-transition, (e) remove/purge, (f) a slot held while powered off, (g) OS upgrade: profile, target missed, external, power cut, (h) the start limit and its recover unit
+test-vm: kubebin deb ## VM tests: harness, (a) reboot, (b) graceful shutdown, (c) power cuts, (d) upgrade mid-transition, (e) remove/purge, (f) a slot held while powered off, (g) OS upgrade: profile, target missed, external, power cut, (h) the start limit and its recover unit, (i) a real kubelet and containerd: drain of real pods, uncordon, reboot waiting for the new boot's kubelet
 	$(GO) test -tags $(TAGS) -count=1 -v -timeout $(VM_TEST_TIMEOUT) -run '$(VM_TESTS)' ./test/vm/
 
 test-vm-full: test-vm ## the same as test-vm (every scenario); kept for old habits

@@ -4,6 +4,18 @@
 // points of a transition, upgrade the package mid-transition, remove and
 // purge it.
 //
+// TestRealNode (issue 18) makes the VM a real Kubernetes node: the image
+// carries a kubelet at the control plane's version, containerd 2, runc and
+// the CNI plugins, and two local images (hack/nodebin.sh, cached), all
+// disabled until the test enables them. The kubelet registers vm-node with
+// the agent's credentials; replacements of evicted pods land on a host-side
+// stand-in node (SpareNode). It drains real pods behind a PDB (their
+// SIGTERM and exit recorded on a hostPath), uncordons, and reboots with the
+// kubelet's graceful node shutdown off (kubeadm's default) and the kubelet
+// starting 20 s late, so the old boot's Ready=True is still on the Node when
+// the agent comes back: wait-ready must wait for status.nodeInfo.bootID of
+// the new boot. About 2.3 min under TCG.
+//
 // The image comes from hack/vm/build-image.sh (debootstrap, cached outside
 // the clone by a stamp of its inputs; ~3 min cold, 0 s warm) and every Start
 // boots a fresh qcow2 overlay on it through hack/vm/run-vm.sh launch, so the
