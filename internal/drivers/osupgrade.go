@@ -99,7 +99,7 @@ var unitPoll = 2 * time.Second
 // cordon this event made is undone. A unit whose state cannot be read keeps
 // the node cordoned (fail closed) and the error is the abort's.
 func (d OSUpgrade) Abort(ctx context.Context, rt Runtime) error {
-	unit := transientUnitName("lifecycle-os-upgrade-", rt.EventName())
+	unit := OSUpgradeUnit(rt.EventName())
 	said := false
 	for {
 		active, err := rt.Host().UnitActive(ctx, unit)
@@ -129,6 +129,11 @@ func (d OSUpgrade) Abort(ctx context.Context, rt Runtime) error {
 	}
 	return nil
 }
+
+// OSUpgradeUnit is the transient unit an os-upgrade event runs its
+// profile's command in; the idle agent looks at it before it undoes the
+// leftover cordon of an upgrade whose abort could not.
+func OSUpgradeUnit(event string) string { return transientUnitName("lifecycle-os-upgrade-", event) }
 
 // profileNames lists the configured profiles, sorted, for messages.
 func (d OSUpgrade) profileNames() string {
@@ -224,7 +229,7 @@ func (d OSUpgrade) upgradeStep(name string, prof config.OSUpgradeProfile, t targ
 		return upgradeDone(ctx, rt, intentBootID, name, prof, upgradeEnv(rt, name, t))
 	}, Run: func(ctx context.Context, rt Runtime) error {
 		h := rt.Host()
-		unit := transientUnitName("lifecycle-os-upgrade-", rt.EventName())
+		unit := OSUpgradeUnit(rt.EventName())
 		release, err := h.Inhibit(ctx, "shutdown:sleep", fmt.Sprintf("os-upgrade profile %s running (event %s)", name, rt.EventName()))
 		if err != nil {
 			return fmt.Errorf("take the block inhibitor before the upgrade: %w", err)

@@ -5,9 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -533,9 +535,23 @@ func isTransient(err error) bool {
 	if errors.Is(err, context.Canceled) {
 		return false
 	}
+	// The node's own network not up (yet): at boot the agent may run
+	// before the route or the address is there, and the server's name
+	// may not resolve until it is.
+	for _, errno := range []syscall.Errno{syscall.ECONNREFUSED, syscall.ECONNRESET, syscall.ENETUNREACH, syscall.EHOSTUNREACH,
+		syscall.ENETDOWN, syscall.EHOSTDOWN, syscall.EADDRNOTAVAIL, syscall.EPIPE, syscall.ETIMEDOUT} {
+		if errors.Is(err, errno) {
+			return true
+		}
+	}
+	var dns *net.DNSError
+	if errors.As(err, &dns) {
+		return true
+	}
 	s := err.Error()
 	for _, sub := range []string{"connection refused", "i/o timeout", "EOF", "no route to host", "connection reset",
-		"Client.Timeout", "client connection lost", "TLS handshake timeout", "broken pipe", "http2: client connection"} {
+		"Client.Timeout", "client connection lost", "TLS handshake timeout", "broken pipe", "http2: client connection",
+		"network is unreachable"} {
 		if strings.Contains(s, sub) {
 			return true
 		}

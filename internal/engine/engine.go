@@ -482,7 +482,9 @@ func (e *Engine) collect(ctx context.Context) {
 // (the API refused for the 2 minutes abort retries). The journal's record is
 // dropped once the node is uncordoned (or the cordon is no longer ours: its
 // annotation names someone else). A succeeded drain's cordon is its
-// contract and is kept. It looks at most every 30 s.
+// contract and is kept. An os-upgrade's cordon is undone only once its
+// upgrade unit is known to have ended (its abort keeps the node cordoned
+// while the unit may still run). It looks at most every 30 s.
 func (e *Engine) retryLeftoverUndo(ctx context.Context) {
 	now := e.cfg.Clock.Now()
 	if now.Before(e.nextUndo) {
@@ -500,9 +502,12 @@ func (e *Engine) retryLeftoverUndo(ctx context.Context) {
 	outcome := map[string]journal.Outcome{}
 	for _, h := range hist {
 		// An os-upgrade's abort keeps the node cordoned on purpose while
-		// its unit may still run (drivers.OSUpgrade.Abort): not retried.
+		// its unit may still run (drivers.OSUpgrade.Abort): retried only
+		// once the unit has ended, never while its state is unknown.
 		if strings.HasSuffix(h.Event.Driver, "/os-upgrade") {
-			continue
+			if active, err := e.cfg.Host.UnitActive(ctx, drivers.OSUpgradeUnit(h.Event.Name)); err != nil || active {
+				continue
+			}
 		}
 		outcome[h.Event.UID] = h.Outcome
 	}

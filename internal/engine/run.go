@@ -413,7 +413,12 @@ func (e *Engine) abort(ctx context.Context, a *active, outcome journal.Outcome, 
 	var err error
 	notOurs := false
 	if ab, ok := a.driver.(drivers.Abortable); ok {
-		err = ab.Abort(ctx, rt)
+		// Every undo is idempotent, so an abort the API server did not
+		// answer is run again, as the engine's own uncordon below is: an
+		// abort right after a boot meets a network not up yet ("network
+		// is unreachable"), and giving up there left the node cordoned
+		// (the os-upgrade VM scenario found it).
+		_, err = e.retryAPI(ctx, func(c context.Context) (bool, error) { return false, ab.Abort(c, rt) })
 	} else {
 		// The cordon this event made: the journal's ownership record, or
 		// (when the journal lost it: moved aside as corrupt, a re-imaged
@@ -465,12 +470,18 @@ func (e *Engine) durably(ctx context.Context, a *active, what string, f func() e
 }
 
 // retryAPI runs f until it succeeds, fails for a non-transient reason, or
-// 2 minutes pass.
+// has failed for 2 minutes (counted from its first failure: an f that
+// first waits, as os-upgrade's abort waits for its unit, still gets them).
 func (e *Engine) retryAPI(ctx context.Context, f func(context.Context) (bool, error)) (bool, error) {
-	deadline := e.cfg.Clock.Now().Add(2 * time.Minute)
+	var deadline time.Time
 	for i := 1; ; i++ {
 		v, err := f(ctx)
-		if err == nil || !isTransient(err) || !e.cfg.Clock.Now().Before(deadline) {
+		if err == nil || !isTransient(err) {
+			return v, err
+		}
+		if i == 1 {
+			deadline = e.cfg.Clock.Now().Add(2 * time.Minute)
+		} else if !e.cfg.Clock.Now().Before(deadline) {
 			return v, err
 		}
 		if !e.sleep(ctx, backoff(i)) {

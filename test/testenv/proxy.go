@@ -1,10 +1,13 @@
 package testenv
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"net/url"
+	"os"
 	"sync"
+	"syscall"
 
 	"k8s.io/client-go/rest"
 )
@@ -38,6 +41,7 @@ const (
 	proxyOpen proxyMode = iota
 	proxyCut
 	proxyBlackhole
+	proxyUnplugged
 )
 
 // NewCutProxy listens on 127.0.0.1 and forwards to the apiserver.
@@ -63,6 +67,30 @@ func (p *CutProxy) Config(cfg *rest.Config) *rest.Config {
 	c.Host = "https://" + p.ln.Addr().String()
 	return c
 }
+
+// Unpluggable is Config with a dialer that, while the proxy is Unplugged,
+// fails as a dial does when the client's own network is not up: "connect:
+// network is unreachable" (ENETUNREACH), as on a node right after its boot.
+// Its transport is not shared with other configs (client-go does not cache
+// one with a custom dialer).
+func (p *CutProxy) Unpluggable(cfg *rest.Config) *rest.Config {
+	c := p.Config(cfg)
+	var d net.Dialer
+	c.Dial = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		p.mu.Lock()
+		unplugged := p.mode == proxyUnplugged
+		p.mu.Unlock()
+		if unplugged {
+			return nil, &net.OpError{Op: "dial", Net: network, Err: os.NewSyscallError("connect", syscall.ENETUNREACH)}
+		}
+		return d.DialContext(ctx, network, addr)
+	}
+	return c
+}
+
+// Unplug drops every connection, as Cut does, and makes the dialer of an
+// Unpluggable config fail with "network is unreachable" until Heal.
+func (p *CutProxy) Unplug() { p.setMode(proxyUnplugged) }
 
 // Addr is the proxy's listen address.
 func (p *CutProxy) Addr() string { return p.ln.Addr().String() }
@@ -90,7 +118,7 @@ func (p *CutProxy) setMode(m proxyMode) {
 	prev := p.mode
 	p.mode = m
 	var drop []net.Conn
-	if m == proxyCut {
+	if m == proxyCut || m == proxyUnplugged {
 		for c := range p.conns {
 			drop = append(drop, c)
 		}
@@ -150,7 +178,7 @@ func (p *CutProxy) serve() {
 		}
 		p.mu.Lock()
 		p.accepts++
-		cut := p.mode == proxyCut
+		cut := p.mode == proxyCut || p.mode == proxyUnplugged
 		p.mu.Unlock()
 		if cut {
 			// Refused: a reset right after the handshake, as close as a
