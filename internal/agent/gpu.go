@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"path/filepath"
+	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/utils/clock"
@@ -22,15 +23,45 @@ import (
 // gpuStack is NVML, the gpu-reset driver and the GPU health monitor. On a
 // host without the NVIDIA library it is nil: nothing is published for GPUs.
 type gpuStack struct {
-	mgr     *devices.Manager
-	driver  drivers.Driver
-	monitor *gpuhealth.Monitor
+	mgr    *devices.Manager
+	driver drivers.Driver
+	// monitor is set by startMonitor, after the driver exists; the driver
+	// reads it from the engine's goroutine (session, AfterReset).
+	monitor atomic.Pointer[gpuhealth.Monitor]
+}
+
+// session is the agent's hold on the GPUs as the gpu-reset driver pauses
+// it around a reset (drivers.GPUSession): the health monitor (its XID
+// event set and handles) and the NVML session under it, which keeps every
+// /dev/nvidia* node open. Without it the driver's holder check — and
+// nvidia-smi itself — refuse every reset on the nvidia-smi route, naming
+// the agent.
+func (g *gpuStack) session() gpuhealth.Session {
+	return gpuhealth.Session{Monitor: g.monitor.Load(), NVML: g.mgr}
+}
+
+// stackSession adapts gpuStack to drivers.GPUSession, reading the monitor
+// at the time of the call (it starts after the driver is built).
+type stackSession struct{ g *gpuStack }
+
+func (s stackSession) Pause(ctx context.Context, release bool) error {
+	return s.g.session().Pause(ctx, release)
+}
+
+func (s stackSession) Resume(ctx context.Context) error { return s.g.session().Resume(ctx) }
+
+// testGPU is what a test build (tag lifecycle_testnvml) puts in place of
+// the host's GPUs: go-nvml's mock, and changes to the gpu-reset driver
+// (device nodes, the nvidia-smi double) that only a test build makes.
+type testGPU struct {
+	lib    devices.Library
+	driver func(*drivers.GPUReset)
 }
 
 // testNVML, set only in a build with the tag lifecycle_testnvml (the crash
 // tests' failpoint build: testnvml.go), replaces the host's NVML with
 // go-nvml's mock when the environment asks for it.
-var testNVML func(log *slog.Logger) (devices.Library, bool)
+var testNVML func(log *slog.Logger) (testGPU, bool)
 
 // kernelLog is where the GPU monitor reads the NVIDIA module's XIDs; a
 // test build with the NVML mock reads EnvTestKernelLog's file instead
@@ -54,9 +85,10 @@ func newGPUStack(cfg *config.Config, api *apiclient.Client, log *slog.Logger, cl
 		return nil
 	}
 	dc := devices.Config{Logger: log, Clock: clk, LibraryPath: lib}
+	var test testGPU
 	if testNVML != nil {
-		if lib, ok := testNVML(log); ok {
-			dc.NVML = lib
+		if tg, ok := testNVML(log); ok {
+			dc.NVML, test = tg.lib, tg
 		}
 	}
 	mgr, err := devices.New(dc)
@@ -73,15 +105,19 @@ func newGPUStack(cfg *config.Config, api *apiclient.Client, log *slog.Logger, cl
 	}
 	method, _ := devices.ParseResetMethod(cfg.GPU.ResetMethod)
 	g := &gpuStack{mgr: mgr}
-	g.driver = drivers.GPUReset{Devices: mgr, Method: method, Services: cfg.GPU.Services, RetryDelay: cfg.Drain.EvictRetryDelay, DrainTimeout: cfg.Drain.Timeout, Log: log,
+	d := drivers.GPUReset{Devices: mgr, Session: stackSession{g}, Method: method, Services: cfg.GPU.Services, RetryDelay: cfg.Drain.EvictRetryDelay, DrainTimeout: cfg.Drain.Timeout, Log: log,
 		// The GPU Operator's DaemonSet pods on this node (gpu.operator.*).
 		Operator: api, OperatorComponents: cfg.GPU.Operator.Components, OperatorLabelPrefix: cfg.GPU.Operator.LabelPrefix,
 		OperatorPausedValue: cfg.GPU.Operator.PausedValue, OperatorPodTimeout: cfg.GPU.Operator.PodTimeout,
 		AfterReset: func([]string) {
-			if g.monitor != nil {
-				g.monitor.Rewatch()
+			if m := g.monitor.Load(); m != nil {
+				m.Rewatch()
 			}
 		}}
+	if test.driver != nil {
+		test.driver(&d)
+	}
+	g.driver = d
 	return g
 }
 
@@ -128,6 +164,6 @@ func (g *gpuStack) startMonitor(ctx context.Context, cfg *config.Config, api *ap
 		log.Error("GPU health monitor not started", "err", err)
 		return
 	}
-	g.monitor = m
+	g.monitor.Store(m)
 	go func() { _ = m.Run(ctx) }()
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/lifecycle-agent/lifecycle-agent/internal/devices"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/devices/devicestest"
+	"github.com/lifecycle-agent/lifecycle-agent/internal/drivers"
 )
 
 // EnvTestNVML names the go-nvml mock server (devicestest.Model: dgxh100,
@@ -31,11 +32,31 @@ const EnvTestNVMLFaults = "LIFECYCLE_AGENT_TEST_NVML_FAULTS"
 // mock's GPUs are not the host's).
 const EnvTestKernelLog = "LIFECYCLE_AGENT_TEST_KERNEL_LOG"
 
+// EnvTestGPUDevices names a directory where the mock's GPUs get device
+// node files (devicestest.Fleet.DeviceNodes): the agent's NVML session
+// holds them open as libnvidia-ml does /dev/nvidia*, the gpu-reset driver
+// looks for their holders there, and nvidia-smi is the fleet's double
+// (Fleet.RunSMI, run in this process: the mock's GPUs exist only here),
+// which refuses a reset while any process holds a node — the agent too.
+// gpu.resetMethod auto finds that double as /usr/bin/nvidia-smi.
+const EnvTestGPUDevices = "LIFECYCLE_AGENT_TEST_GPU_DEVICES"
+
+// EnvTestGPUResetLog names a file where the mock appends one line per GPU
+// reset that took effect: "reset <uuid> session=<open|closed>
+// eventsets=<n>" — whether this process held NVML and how many event sets
+// (the health monitor's XID watcher) were live at that moment.
+const EnvTestGPUResetLog = "LIFECYCLE_AGENT_TEST_GPU_RESET_LOG"
+
+// EnvTestNoGPUSession=1 builds the gpu-reset driver without the agent's
+// GPU session, as the agent was wired before it paused its own hold on the
+// GPUs: the test that proves the wiring shows that it then fails.
+const EnvTestNoGPUSession = "LIFECYCLE_AGENT_TEST_NO_GPU_SESSION"
+
 func init() {
-	testNVML = func(log *slog.Logger) (devices.Library, bool) {
+	testNVML = func(log *slog.Logger) (testGPU, bool) {
 		model := os.Getenv(EnvTestNVML)
 		if model == "" {
-			return nil, false
+			return testGPU{}, false
 		}
 		log.Warn("TEST BUILD: NVML is go-nvml's mock server, not the host's library", "model", model)
 		kernelLog = os.Getenv(EnvTestKernelLog)
@@ -47,7 +68,35 @@ func init() {
 			}
 			log.Warn("TEST BUILD: GPU faults set in the mock", "faults", faults)
 		}
-		return f.NVML(), true
+		tg := testGPU{lib: f.NVML()}
+		if p := os.Getenv(EnvTestGPUResetLog); p != "" {
+			w, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+			if err != nil {
+				panic(fmt.Sprintf("%s=%q: %v", EnvTestGPUResetLog, p, err))
+			}
+			f.LogResets(w)
+		}
+		dir := os.Getenv(EnvTestGPUDevices)
+		noSession := os.Getenv(EnvTestNoGPUSession) == "1"
+		if dir != "" {
+			if _, err := f.DeviceNodes(dir); err != nil {
+				panic(fmt.Sprintf("%s=%q: %v", EnvTestGPUDevices, dir, err))
+			}
+			log.Warn("TEST BUILD: GPU device nodes and nvidia-smi are the mock's", "dir", dir)
+		}
+		if dir != "" || noSession {
+			tg.driver = func(d *drivers.GPUReset) {
+				if dir != "" {
+					d.DevRoot, d.Runner = dir, f.SMIRunner()
+					d.LookPath = func(string) (string, error) { return "/usr/bin/nvidia-smi", nil }
+				}
+				if noSession {
+					log.Warn("TEST BUILD: the gpu-reset driver does not pause the agent's own NVML session")
+					d.Session = nil
+				}
+			}
+		}
+		return tg, true
 	}
 }
 

@@ -274,7 +274,7 @@ func (p *gpuResetPlan) blockingHolders(paths []string, self int) ([]devices.Hold
 		return nil, fmt.Errorf("gpu-reset: listing holders of %s: %w", strings.Join(paths, ", "), err)
 	}
 	return slices.DeleteFunc(scan.Holders, func(h devices.Holder) bool {
-		return (p.nvswitch && !p.whole && isFabricManager(h.Unit)) || (p.route == routeNVML && h.PID == self)
+		return (p.nvswitch && !p.whole && isFabricManagerHolder(h)) || (p.route == routeNVML && h.PID == self)
 	}), nil
 }
 

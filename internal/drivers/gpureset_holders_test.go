@@ -396,3 +396,46 @@ func TestGPUResetServices(t *testing.T) {
 		})
 	}
 }
+
+// TestGPUResetFabricManagerInDriverPod: on a GPU Operator node Fabric
+// Manager is a process in the driver pod (comm "nv-fabricmanage", the
+// kernel's 15 characters of nv-fabricmanager), in no systemd unit. A
+// single-GPU reset on Hopper NVSwitch goes ahead with it running, as with
+// the host's nvidia-fabricmanager.service; any other process of a pod
+// holding the node is still named and refuses the reset.
+func TestGPUResetFabricManagerInDriverPod(t *testing.T) {
+	for _, tc := range []struct {
+		name, comm string
+		wantErr    string
+	}{
+		{name: "fabric manager in the driver pod: reset", comm: "nv-fabricmanage"},
+		{name: "another process of a pod: refused, named", comm: "python3",
+			wantErr: "python3 (pid 4242) holds /dev/nvidia"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newGPUEnv(t, devicestest.DGXH100, map[string]string{"gpus": "0"})
+			d := e.agent(devices.ResetMethodSMI)
+			d.Runner = e.fleet.SMIRunner()
+			d.Services = nil
+			d.FindHolders = func(paths []string) (devices.HolderScan, error) {
+				return devices.HolderScan{Holders: []devices.Holder{{PID: 4242, Comm: tc.comm, Pod: "0f1e2d3c", Device: paths[0]}}}, nil
+			}
+			_, err := gpuRunEvent(t, d, e.rt, gpuCrash{})
+			if tc.wantErr == "" {
+				if err != nil {
+					t.Fatalf("reset refused: %v", err)
+				}
+				if n := e.fleet.Resets()[e.fleet.UUID(0)]; n != 1 {
+					t.Errorf("GPU 0 reset %d times, want 1", n)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Fatalf("err = %v, want it to name %q", err, tc.wantErr)
+			}
+			if n := e.fleet.Resets()[e.fleet.UUID(0)]; n != 0 {
+				t.Errorf("GPU 0 reset %d times after a refusal", n)
+			}
+		})
+	}
+}

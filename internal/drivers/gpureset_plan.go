@@ -54,6 +54,18 @@ const routeSMIPrefix = "nvidia-smi:"
 // isFabricManager reports whether a unit is NVIDIA Fabric Manager.
 func isFabricManager(unit string) bool { return strings.Contains(unit, "fabricmanager") }
 
+// fabricManagerComm is Fabric Manager's process name as /proc/<pid>/comm
+// shows it: nv-fabricmanager cut to the kernel's 15 characters. On a GPU
+// Operator node Fabric Manager runs in the driver pod, in no systemd unit,
+// so it is recognised by its process as well as by its unit.
+const fabricManagerComm = "nv-fabricmanage"
+
+// isFabricManagerHolder reports whether h is Fabric Manager: its unit
+// (a host install) or its process (the GPU Operator's driver pod).
+func isFabricManagerHolder(h devices.Holder) bool {
+	return isFabricManager(h.Unit) || strings.HasPrefix(h.Comm, fabricManagerComm)
+}
+
 // Resolve implements Resolver: at claim, against the live host, it turns
 // parameters into the plan the event keeps (see the gpuResolved* keys):
 // the selection as UUIDs, the reset group, the GPU count, the reset route

@@ -139,6 +139,7 @@ type Fleet struct {
 	devRoot  string     // DeviceNodes' directory; "" without nodes
 	inits    int        // nvmlInit count minus nvmlShutdown count
 	held     []*os.File // the session's open device nodes
+	resetLog io.Writer  // LogResets
 	initFail nvml.Return
 }
 
@@ -463,6 +464,23 @@ func (f *Fleet) applyReset(i int) {
 		}
 	}
 	f.calls = append(f.calls, "reset "+f.UUID(i))
+	if f.resetLog != nil {
+		session := "closed"
+		if f.inits > 0 {
+			session = "open"
+		}
+		fmt.Fprintf(f.resetLog, "reset %s session=%s eventsets=%d\n", f.UUID(i), session, len(f.sets))
+	}
+}
+
+// LogResets makes every reset that takes effect write a line to w: "reset
+// <uuid> session=<open|closed> eventsets=<n>", whether an NVML session was
+// open and how many event sets were live at that moment (a test of the
+// real binary reads it: the agent's monitor is paused during a reset).
+func (f *Fleet) LogResets(w io.Writer) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.resetLog = w
 }
 
 func (f *Fleet) dev(i int) *server.Device { return f.srv.Devices[i].(*server.Device) }
