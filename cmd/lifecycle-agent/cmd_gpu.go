@@ -301,7 +301,8 @@ func runGPUResetDryRun(_ context.Context, e *env, o gpuResetOptions) (err error)
 		return err
 	}
 	defer func() { err = errors.Join(err, m.Shutdown()) }()
-	d := drivers.GPUReset{Devices: m, Method: method, Services: e.cfg.GPU.Services, Log: gpuLog(e)}
+	smiPath, driverRoot := daemon.GPUResetSMI(e.cfg)
+	d := drivers.GPUReset{Devices: m, Method: method, Services: e.cfg.GPU.Services, Log: gpuLog(e), SMIPath: smiPath, DriverRoot: driverRoot}
 	return writeResetDryRun(e.stdout, d, o)
 }
 

@@ -78,18 +78,31 @@ func NVMLLibrary(cfg *config.Config) (string, error) {
 	return devices.DriverRootLibrary(cfg.GPU.DriverRoot)
 }
 
-func newGPUStack(cfg *config.Config, api *apiclient.Client, log *slog.Logger, clk clock.Clock) *gpuStack {
-	lib, err := NVMLLibrary(cfg)
-	if err != nil {
-		log.Warn("NVML not loaded: the gpu-reset driver and GPU health are off", "err", err)
-		return nil
+// GPUResetSMI returns the gpu-reset driver's SMIPath and DriverRoot from
+// gpu.nvidiaSMI and gpu.driverRoot: SMIPath "" is auto (the driver root's
+// nvidia-smi, run inside it, when there is one; else PATH's).
+func GPUResetSMI(cfg *config.Config) (smiPath, driverRoot string) {
+	if cfg.GPU.NvidiaSMI != config.NvidiaSMIAuto {
+		smiPath = cfg.GPU.NvidiaSMI
 	}
-	dc := devices.Config{Logger: log, Clock: clk, LibraryPath: lib}
+	return smiPath, cfg.GPU.DriverRoot
+}
+
+func newGPUStack(cfg *config.Config, api *apiclient.Client, log *slog.Logger, clk clock.Clock) *gpuStack {
+	dc := devices.Config{Logger: log, Clock: clk}
 	var test testGPU
 	if testNVML != nil {
 		if tg, ok := testNVML(log); ok {
 			dc.NVML, test = tg.lib, tg
 		}
+	}
+	if dc.NVML == nil {
+		lib, err := NVMLLibrary(cfg)
+		if err != nil {
+			log.Warn("NVML not loaded: the gpu-reset driver and GPU health are off", "err", err)
+			return nil
+		}
+		dc.LibraryPath = lib
 	}
 	mgr, err := devices.New(dc)
 	if err == nil {
@@ -105,10 +118,13 @@ func newGPUStack(cfg *config.Config, api *apiclient.Client, log *slog.Logger, cl
 	}
 	method, _ := devices.ParseResetMethod(cfg.GPU.ResetMethod)
 	g := &gpuStack{mgr: mgr}
+	smiPath, driverRoot := GPUResetSMI(cfg)
 	d := drivers.GPUReset{Devices: mgr, Session: stackSession{g}, Method: method, Services: cfg.GPU.Services, RetryDelay: cfg.Drain.EvictRetryDelay, DrainTimeout: cfg.Drain.Timeout, Log: log,
 		// The GPU Operator's DaemonSet pods on this node (gpu.operator.*).
 		Operator: api, OperatorComponents: cfg.GPU.Operator.Components, OperatorLabelPrefix: cfg.GPU.Operator.LabelPrefix,
 		OperatorPausedValue: cfg.GPU.Operator.PausedValue, OperatorPodTimeout: cfg.GPU.Operator.PodTimeout,
+		// nvidia-smi: gpu.nvidiaSMI, or the driver root's (chroot).
+		SMIPath: smiPath, DriverRoot: driverRoot,
 		AfterReset: func([]string) {
 			if m := g.monitor.Load(); m != nil {
 				m.Rewatch()

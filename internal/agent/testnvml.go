@@ -23,8 +23,9 @@ const EnvTestNVML = "LIFECYCLE_AGENT_TEST_NVML"
 // EnvTestNVMLFaults sets GPU faults in that mock at start, so that a test
 // of the real binary sees what the GPU monitor makes of them: a comma list
 // of INDEX:FAULT, FAULT a recovery action's name (GPU_RESET, NODE_REBOOT,
-// DRAIN_AND_RESET, …) or REMAP_FAILURE (row remapping failed). A fault the
-// test build cannot read stops the agent at start.
+// DRAIN_AND_RESET, …), REMAP_FAILURE (row remapping failed) or
+// PERSISTENCE (persistence mode on). A fault the test build cannot read
+// stops the agent at start.
 const EnvTestNVMLFaults = "LIFECYCLE_AGENT_TEST_NVML_FAULTS"
 
 // EnvTestKernelLog names a file in /dev/kmsg's record format that the GPU
@@ -106,6 +107,10 @@ func setFaults(f *devicestest.Fleet, list string) error {
 		i, err := strconv.Atoi(idx)
 		if !ok || err != nil || i < 0 {
 			return fmt.Errorf("%q: want INDEX:FAULT", item)
+		}
+		if fault == "PERSISTENCE" { // not a fault: persistence mode on
+			f.Set(i, func(g *devicestest.GPU) { g.Persistence = true })
+			continue
 		}
 		if fault == "REMAP_FAILURE" {
 			f.Set(i, func(g *devicestest.GPU) { g.RemappedRowsFailure = true })

@@ -41,6 +41,8 @@ const (
 	ResetMethodAuto      = "auto"
 	ResetMethodNvidiaSMI = "nvidia-smi"
 	ResetMethodNVML      = "nvml"
+	// NvidiaSMIAuto is gpu.nvidiaSMI's default: the driver root's, else PATH's.
+	NvidiaSMIAuto = "auto"
 )
 
 // Values of osUpgrade.profiles.<name>.rebootPolicy.
@@ -167,6 +169,7 @@ type AutoRequest struct {
 type GPU struct {
 	ResetMethod   string // ResetMethodAuto, ResetMethodNvidiaSMI or ResetMethodNVML
 	DriverRoot    string // "" the host's driver; else where libnvidia-ml.so.1 is looked up
+	NvidiaSMI     string // NvidiaSMIAuto or an absolute path
 	AutoRemediate bool
 	Remediation   AutoRequest // gpu.remediation.*: used with AutoRemediate
 	Services      []string    // systemd units stopped around a reset

@@ -43,6 +43,7 @@ var otherValue = map[string]string{
 	"needs.reboot.sentinelFile":     "/run/lifecycle-agent-test/reboot-required",
 	"needs.reboot.sentinelCommand":  "test -e /run/lifecycle-agent-test/reboot-required",
 	"gpu.driverRoot":                "/run/nvidia/driver",
+	"gpu.nvidiaSMI":                 "/usr/local/bin/nvidia-smi",
 	"gates.prometheus.url":          "http://127.0.0.1:9090",
 	"gates.prometheus.alertNames":   "^Node",
 	"gates.prometheus.ignoreAlerts": "^Watchdog$",

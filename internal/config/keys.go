@@ -287,9 +287,19 @@ var keys = []*key{
 		doc: "Root of an NVIDIA driver that is not installed on the host, as the GPU Operator's " +
 			"driver container mounts it (/run/nvidia/driver): NVML is then loaded from the " +
 			"libnvidia-ml.so.1 under it (usr/lib/x86_64-linux-gnu, usr/lib64, … as the NVIDIA Container " +
-			"Toolkit searches). Empty: the host's library. nvidia-smi is still looked up on PATH: with a " +
-			"driver root use gpu.resetMethod nvml, or a nvidia-smi on PATH that runs the root's (chroot).",
+			"Toolkit searches). Empty: the host's library. With gpu.nvidiaSMI auto, gpu-reset runs the root's " +
+			"nvidia-smi inside it (chroot), which reaches the driver container's persistence daemon.",
 		field: func(c *Config) any { return &c.GPU.DriverRoot },
+	},
+	{
+		name: "gpu.nvidiaSMI", kind: kindString, def: NvidiaSMIAuto, check: autoOrAbsolute,
+		doc: "The nvidia-smi that gpu-reset runs (the nvidia-smi route, and persistence mode under a " +
+			"driver root). auto: with gpu.driverRoot set and <driverRoot>/usr/bin/nvidia-smi present, " +
+			"chroot <driverRoot> nvidia-smi (as NVIDIA's NVSentinel runs it on a GPU Operator node; " +
+			"persistence mode is then turned off and restored through it, so that the driver " +
+			"container's nvidia-persistenced lets go of the GPUs); otherwise nvidia-smi on PATH. An " +
+			"absolute path: that binary, run on the host.",
+		field: func(c *Config) any { return &c.GPU.NvidiaSMI },
 	},
 	{
 		name: "gpu.autoRemediate", kind: kindBool, def: "false",
@@ -592,6 +602,13 @@ func checkHTTPURL(v any) error {
 func nonEmpty(v any) error {
 	if v.(string) == "" {
 		return fmt.Errorf("must not be empty")
+	}
+	return nil
+}
+
+func autoOrAbsolute(v any) error {
+	if p := v.(string); p != NvidiaSMIAuto && !strings.HasPrefix(p, "/") {
+		return fmt.Errorf("must be %s or an absolute path, got %q", NvidiaSMIAuto, p)
 	}
 	return nil
 }

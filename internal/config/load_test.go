@@ -29,7 +29,7 @@ func defaults() *Config {
 		Needs: Needs{Reboot: NeedsReboot{SentinelFile: "/var/run/reboot-required", CommandTimeout: 30 * time.Second, Interval: time.Minute,
 			Policy: "report", Request: AutoRequest{Group: "auto-reboot", MaxConcurrent: 1, BreakerFailures: 3}}},
 		GPU: GPU{
-			ResetMethod: "auto",
+			ResetMethod: "auto", NvidiaSMI: "auto",
 			Remediation: AutoRequest{Group: "auto-gpu-reset", MaxConcurrent: 1, BreakerFailures: 3},
 			Services:    []string{"nvidia-dcgm.service", "nvidia-persistenced.service"},
 			Operator: GPUOperator{

@@ -185,8 +185,12 @@ type GPUReset struct {
 	// took effect (the agent restarts its XID watcher: registrations die
 	// with the handles).
 	AfterReset func(uuids []string)
-	// SMIPath is nvidia-smi ("" means on PATH, which the agent uses).
+	// SMIPath is nvidia-smi on the host (gpu.nvidiaSMI; "" means auto:
+	// DriverRoot's, else the one on PATH).
 	SMIPath string
+	// DriverRoot is gpu.driverRoot: with SMIPath "", a nvidia-smi under it
+	// is run inside it (chroot), persistence mode included.
+	DriverRoot string
 	// Session pauses the agent's own NVML session and GPU monitor around
 	// the reset; nil means the agent holds no GPU (tests, tools).
 	Session GPUSession
@@ -439,14 +443,30 @@ func (d GPUReset) Check(params map[string]string) (GPUResetCheck, error) {
 	for _, s := range steps {
 		c.Steps = append(c.Steps, s.Name)
 	}
-	r, err := d.Devices.NewResetter(devices.ResetterConfig{Method: d.Method, DryRun: true, LookPath: d.LookPath,
+	// The route the claim would fix (gpu.resetMethod, gpu.nvidiaSMI and
+	// the driver root, resolved now).
+	route, err := d.route()
+	if err != nil {
+		return c, err
+	}
+	rc := devices.ResetterConfig{Method: devices.ResetMethodNVML, DryRun: true,
 		Runner: func(context.Context, string, ...string) ([]byte, []byte, error) {
 			return nil, nil, errors.New("gpu-reset: dry run: nothing runs")
-		}})
+		}}
+	prefix := ""
+	if path, ok := strings.CutPrefix(route, routeSMIPrefix); ok {
+		rc.Method, rc.SMIPath = devices.ResetMethodSMI, path
+	} else if root, ok := strings.CutPrefix(route, routeSMIRootPrefix); ok {
+		rc.Method, rc.SMIPath, prefix = devices.ResetMethodSMI, "nvidia-smi", "chroot "+root+" "
+	}
+	r, err := d.Devices.NewResetter(rc)
 	if err != nil {
 		return c, err
 	}
 	c.Resetter = devices.Describe(r, c.Group.UUIDs)
+	if prefix != "" {
+		c.Resetter = strings.Replace(c.Resetter, "run ", "run "+prefix, 1)
+	}
 	return c, nil
 }
 
@@ -549,7 +569,7 @@ func (p *gpuResetPlan) stopServices(ctx context.Context, rt Runtime) error {
 	return nil
 }
 
-func (p *gpuResetPlan) persistenceOff(_ context.Context, rt Runtime) error {
+func (p *gpuResetPlan) persistenceOff(ctx context.Context, rt Runtime) error {
 	g := devices.Group{UUIDs: p.group}
 	s, err := p.d.Devices.Snapshot()
 	if err != nil {
@@ -579,7 +599,7 @@ func (p *gpuResetPlan) persistenceOff(_ context.Context, rt Runtime) error {
 		}
 		if sim {
 			p.d.log().Info("simulate: would turn persistence mode off", "event", rt.EventName(), "gpu", u)
-		} else if err := p.d.Devices.SetPersistenceMode(u, false); err != nil {
+		} else if err := p.setPersistence(ctx, rt, u, false); err != nil {
 			return fmt.Errorf("gpu-reset: turning persistence mode off: %w", err)
 		}
 		off = append(off, u)
@@ -595,8 +615,9 @@ func (p *gpuResetPlan) persistenceOff(_ context.Context, rt Runtime) error {
 	return nil
 }
 
-// resetter builds the configured Resetter; DryRun in simulate mode.
-func (p *gpuResetPlan) resetter(rt Runtime) (devices.Resetter, error) {
+// runner runs nvidia-smi: Runner, or the host's exec; on the driver-root
+// route as `chroot <root> nvidia-smi …`.
+func (p *gpuResetPlan) runner(rt Runtime) devices.CommandRunner {
 	runner := p.d.Runner
 	if runner == nil {
 		timeout := p.d.SMITimeout
@@ -609,6 +630,40 @@ func (p *gpuResetPlan) resetter(rt Runtime) (devices.Resetter, error) {
 			return []byte(out), nil, err
 		}
 	}
+	if root, ok := strings.CutPrefix(p.route, routeSMIRootPrefix); ok {
+		inner := runner
+		runner = func(ctx context.Context, name string, args ...string) ([]byte, []byte, error) {
+			return inner(ctx, "chroot", append([]string{root, name}, args...)...)
+		}
+	}
+	return runner
+}
+
+// setPersistence turns persistence mode of one GPU on or off: through
+// nvidia-smi inside the driver root on that route (the driver container's
+// nvidia-persistenced answers it and lets go of the GPU, as it does for
+// `nvidia-smi -pm 0`; the host's NVML does not reach that daemon), else
+// through NVML.
+func (p *gpuResetPlan) setPersistence(ctx context.Context, rt Runtime, uuid string, on bool) error {
+	if !strings.HasPrefix(p.route, routeSMIRootPrefix) {
+		return p.d.Devices.SetPersistenceMode(uuid, on)
+	}
+	mode := "0"
+	if on {
+		mode = "1"
+	}
+	out, stderr, err := p.runner(rt)(ctx, "nvidia-smi", "-i", uuid, "-pm", mode)
+	if err != nil {
+		msg := strings.TrimSpace(string(out) + " " + string(stderr))
+		return fmt.Errorf("%s: chroot %s nvidia-smi -i %s -pm %s: %w (%s)", uuid, strings.TrimPrefix(p.route, routeSMIRootPrefix), uuid, mode, err, msg)
+	}
+	p.d.log().Info("persistence mode set through the driver root's nvidia-smi", "gpu", uuid, "on", on, "route", p.route)
+	return nil
+}
+
+// resetter builds the configured Resetter; DryRun in simulate mode.
+func (p *gpuResetPlan) resetter(rt Runtime) (devices.Resetter, error) {
+	runner := p.runner(rt)
 	cfg := devices.ResetterConfig{Method: devices.ResetMethodNVML, DryRun: rt.Host().Simulated(), Runner: runner, SMITimeout: p.d.SMITimeout,
 		BeforeRemove: func(uuid string) error {
 			// The unplug is journaled before it happens: a crash between
@@ -617,6 +672,8 @@ func (p *gpuResetPlan) resetter(rt Runtime) (devices.Resetter, error) {
 		}}
 	if path, ok := strings.CutPrefix(p.route, routeSMIPrefix); ok {
 		cfg.Method, cfg.SMIPath = devices.ResetMethodSMI, path
+	} else if strings.HasPrefix(p.route, routeSMIRootPrefix) {
+		cfg.Method, cfg.SMIPath = devices.ResetMethodSMI, "nvidia-smi" // run by runner in the root
 	} else if p.route != routeNVML {
 		return nil, fmt.Errorf("gpu-reset: unknown reset route %q in the plan", p.route)
 	}
@@ -764,7 +821,8 @@ func knownGPUs(m *devices.Manager, selected []string) ([]string, error) {
 
 // restoreRecorded turns persistence mode back on where a change is
 // recorded, dropping each record after its GPU is restored.
-func (d GPUReset) restoreRecorded(rt Runtime, uuids []string) ([]string, error) {
+func (p *gpuResetPlan) restoreRecorded(ctx context.Context, rt Runtime, uuids []string) ([]string, error) {
+	d := p.d
 	var restored []string
 	var errs []error
 	for _, u := range uuids {
@@ -774,7 +832,7 @@ func (d GPUReset) restoreRecorded(rt Runtime, uuids []string) ([]string, error) 
 		}
 		if rt.Host().Simulated() {
 			d.log().Info("simulate: would restore persistence mode", "event", rt.EventName(), "gpu", u)
-		} else if err := d.Devices.SetPersistenceMode(u, true); err != nil {
+		} else if err := p.setPersistence(ctx, rt, u, true); err != nil {
 			errs = append(errs, fmt.Errorf("gpu-reset: restoring persistence mode: %w", err))
 			continue
 		}
@@ -808,7 +866,7 @@ func (p *gpuResetPlan) restorePersistence(ctx context.Context, rt Runtime) error
 	if err != nil {
 		return fmt.Errorf("gpu-reset: listing GPUs to restore persistence mode: %w", err)
 	}
-	restored, err := p.d.restoreRecorded(rt, uuids)
+	restored, err := p.restoreRecorded(ctx, rt, uuids)
 	if err != nil {
 		return err
 	}
@@ -970,7 +1028,7 @@ func (d GPUReset) Abort(ctx context.Context, rt Runtime) error {
 		if err != nil {
 			errs = append(errs, fmt.Errorf("gpu-reset: abort: listing GPUs: %w", err))
 		}
-		restored, err := d.restoreRecorded(rt, uuids)
+		restored, err := plan.restoreRecorded(ctx, rt, uuids)
 		errs = append(errs, err)
 		if len(restored) > 0 {
 			rt.Progress("abort: persistence mode restored on " + strings.Join(restored, ", "))

@@ -3,9 +3,12 @@ package drivers_test
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"maps"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -435,6 +438,54 @@ func TestGPUResetFabricManagerInDriverPod(t *testing.T) {
 			}
 			if n := e.fleet.Resets()[e.fleet.UUID(0)]; n != 0 {
 				t.Errorf("GPU 0 reset %d times after a refusal", n)
+			}
+		})
+	}
+}
+
+// TestGPUResetRouteDriverRoot: gpu.nvidiaSMI auto runs the driver root's
+// nvidia-smi inside it when the root holds one (a GPU Operator node), is
+// PATH's otherwise, and an explicit gpu.nvidiaSMI wins; with neither the
+// claim fails naming both places looked at.
+func TestGPUResetRouteDriverRoot(t *testing.T) {
+	withSMI := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(withSMI, "usr/bin"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(withSMI, drivers.DriverRootSMI), []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	empty := t.TempDir()
+	notFound := func(string) (string, error) { return "", errors.New("executable file not found in $PATH") }
+	for _, tc := range []struct {
+		name, root, smi string
+		look            func(string) (string, error)
+		want, wantErr   string
+	}{
+		{name: "driver root with nvidia-smi", root: withSMI, look: notFound, want: "nvidia-smi-in:" + withSMI},
+		{name: "explicit path wins", root: withSMI, smi: "/opt/nvidia/nvidia-smi",
+			look: func(p string) (string, error) { return p, nil }, want: "nvidia-smi:/opt/nvidia/nvidia-smi"},
+		{name: "driver root without nvidia-smi: PATH", root: empty,
+			look: func(string) (string, error) { return "/usr/bin/nvidia-smi", nil }, want: "nvidia-smi:/usr/bin/nvidia-smi"},
+		{name: "nowhere: refused naming both", root: empty, look: notFound,
+			wantErr: "nvidia-smi not found (executable file not found in $PATH) nor at " + filepath.Join(empty, drivers.DriverRootSMI)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newGPUEnv(t, devicestest.DGXH100, map[string]string{"gpus": "0"})
+			d := e.agent(devices.ResetMethodAuto)
+			d.Services, d.DriverRoot, d.SMIPath, d.LookPath = nil, tc.root, tc.smi, tc.look
+			resolved, err := d.Resolve(context.Background(), e.rt.params)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("err = %v, want %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := resolved["resolved.route"]; got != tc.want {
+				t.Errorf("route = %q, want %q", got, tc.want)
 			}
 		})
 	}

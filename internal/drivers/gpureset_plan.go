@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -50,6 +52,23 @@ const (
 
 const routeNVML = "nvml"
 const routeSMIPrefix = "nvidia-smi:"
+
+// routeSMIRootPrefix + <driver root>: nvidia-smi run inside the GPU
+// Operator's driver root, `chroot <root> nvidia-smi …`, as NVIDIA's
+// NVSentinel gpu-reset job does (nvidia_smi_helper). Persistence mode is
+// then set through it too: the driver container's nvidia-persistenced
+// answers the nvidia-smi of its own root, not the host's NVML.
+const routeSMIRootPrefix = "nvidia-smi-in:"
+
+// DriverRootSMI is where gpu.nvidiaSMI auto looks for nvidia-smi under a
+// driver root (the driver container installs it there).
+const DriverRootSMI = "usr/bin/nvidia-smi"
+
+// smiInRoot reports whether root holds an executable nvidia-smi.
+func smiInRoot(root string) bool {
+	fi, err := os.Stat(filepath.Join(root, DriverRootSMI))
+	return err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0
+}
 
 // isFabricManager reports whether a unit is NVIDIA Fabric Manager.
 func isFabricManager(unit string) bool { return strings.Contains(unit, "fabricmanager") }
@@ -134,22 +153,33 @@ func (d GPUReset) Resolve(ctx context.Context, params map[string]string) (map[st
 	return out, nil
 }
 
-// route resolves gpu.resetMethod now: "nvidia-smi:<path>" or "nvml".
+// route resolves gpu.resetMethod now: "nvidia-smi:<path>",
+// "nvidia-smi-in:<driver root>" or "nvml". nvidia-smi is the driver root's
+// when DriverRoot holds one and no SMIPath is configured (gpu.nvidiaSMI
+// auto), else SMIPath or the one on PATH.
 func (d GPUReset) route() (string, error) {
 	switch d.Method {
 	case devices.ResetMethodNVML:
 		return routeNVML, nil
-	case devices.ResetMethodSMI:
-		return routeSMIPrefix + d.smiPath(), nil
-	case "", devices.ResetMethodAuto:
+	case devices.ResetMethodSMI, "", devices.ResetMethodAuto:
+		if d.SMIPath == "" && d.DriverRoot != "" && smiInRoot(d.DriverRoot) {
+			return routeSMIRootPrefix + d.DriverRoot, nil
+		}
+		if d.Method == devices.ResetMethodSMI {
+			return routeSMIPrefix + d.smiPath(), nil
+		}
 		look := d.LookPath
 		if look == nil {
 			look = exec.LookPath
 		}
 		p, err := look(d.smiPath())
 		if err != nil {
-			return "", fmt.Errorf("gpu-reset: %w: %s not found (%w); install it, or set gpu.resetMethod=nvml to reset by PCI remove and rediscover",
-				devices.ErrNoResetRoute, d.smiPath(), err)
+			where := ""
+			if d.DriverRoot != "" {
+				where = fmt.Sprintf(" nor at %s", filepath.Join(d.DriverRoot, DriverRootSMI))
+			}
+			return "", fmt.Errorf("gpu-reset: %w: %s not found (%w)%s; install it, or set gpu.resetMethod=nvml to reset by PCI remove and rediscover",
+				devices.ErrNoResetRoute, d.smiPath(), err, where)
 		}
 		return routeSMIPrefix + p, nil
 	}

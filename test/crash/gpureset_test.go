@@ -4,9 +4,13 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -151,6 +155,129 @@ func runGPUWiringCase(t *testing.T, node, method, gpus string, noSession bool, w
 	}, health)
 	log := a.logText()
 	for _, w := range []string{"GPU monitor paused", "GPU monitor resumed"} {
+		if !strings.Contains(log, w) {
+			t.Errorf("the agent did not log %q", w)
+		}
+	}
+}
+
+// EnvPersistenced, set by runGPUDriverRootCase for a child copy of this
+// test binary, makes it the driver container's nvidia-persistenced
+// (devicestest.ServePersistenced): SOCKET|NODE,NODE,…
+const envPersistenced = "CRASH_TEST_PERSISTENCED"
+
+// persistencedMain runs the stand-in daemon when this binary was started
+// as one; it reports whether it was.
+func persistencedMain() bool {
+	v := os.Getenv(envPersistenced)
+	if v == "" {
+		return false
+	}
+	sock, nodes, _ := strings.Cut(v, "|")
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	if err := devicestest.ServePersistenced(ctx, sock, strings.Split(nodes, ",")); err != nil {
+		fmt.Fprintln(os.Stderr, "persistenced stand-in:", err)
+		os.Exit(1)
+	}
+	os.Exit(0)
+	return true
+}
+
+// TestGPUResetOperatorDriverRoot: a GPU Operator node. The driver lives
+// in the driver container, its root at gpu.driverRoot (a directory with
+// usr/bin/nvidia-smi here), and the container's nvidia-persistenced holds
+// the GPU's device node with persistence mode on (a stand-in process that
+// lets go when nvidia-smi of its root asks, as the real daemon does). The
+// agent (gpu.nvidiaSMI auto) runs the root's nvidia-smi (chroot) for the
+// persistence change and the reset: the event ends Succeeded, persistence
+// is back on and the daemon holds the node again. Turning persistence off
+// through the host's NVML (what the agent did before) leaves the daemon
+// holding the node and the reset refused naming it.
+func TestGPUResetOperatorDriverRoot(t *testing.T) {
+	ctx := context.Background()
+	admin := env.AdminConfig()
+	node := "gpuw-operator"
+	kubelet := chaosNode(t, node)
+	logind := logindtest.Start(t, logindtest.Options{InhibitDelayMax: 30 * time.Second})
+	c := chaosCase(t, node, node+"-reset", "", env.NodeConfig(node))
+	root := filepath.Join(c.dir, "driver")
+	devDir := filepath.Join(c.dir, "dev")
+	for _, d := range []string{filepath.Join(root, "usr/bin"), devDir} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(root, "usr/bin/nvidia-smi"), []byte("#!/bin/sh\nexit 1\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(c.config(), []byte(agentConfig+"gpu:\n  driverRoot: "+root+"\n  services: []\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c.kubelet = kubelet
+	c.hostMode = "real"
+	fleet := devicestest.New(devicestest.DGXH100)
+	if _, err := fleet.DeviceNodes(devDir); err != nil {
+		t.Fatal(err)
+	}
+	fleet.StableUUIDs()
+	u0 := fleet.UUID(0)
+	// The daemon, holding GPU 0's node (persistence mode on for GPU 0).
+	sock := filepath.Join(root, devicestest.PersistencedSocket)
+	pd := exec.Command(os.Args[0], "-test.run=^$")
+	pd.Env = append(os.Environ(), envPersistenced+"="+sock+"|"+fleet.DevicePath(0))
+	pd.Stdout, pd.Stderr = os.Stderr, os.Stderr
+	if err := pd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = pd.Process.Signal(syscall.SIGTERM); _ = pd.Wait() })
+	held := func() bool {
+		scan, err := devices.FindHolders("", []string{fleet.DevicePath(0)})
+		return err == nil && slices.ContainsFunc(scan.Holders, func(h devices.Holder) bool { return h.PID == pd.Process.Pid })
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for !held() {
+		if time.Now().After(deadline) {
+			t.Fatal("the persistenced stand-in does not hold GPU 0's node")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	resetLog := filepath.Join(c.dir, "resets")
+	c.extraEnv = append(c.extraEnv, "DBUS_SYSTEM_BUS_ADDRESS="+logind.Address(),
+		"LIFECYCLE_AGENT_TEST_NVML=dgxh100", "LIFECYCLE_AGENT_TEST_NVML_FAULTS=0:PERSISTENCE",
+		"LIFECYCLE_AGENT_TEST_GPU_DEVICES="+devDir, "LIFECYCLE_AGENT_TEST_GPU_RESET_LOG="+resetLog)
+	lc, err := apiclient.NewLifecycleClients(admin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := c.start(t, "")
+	defer func() { _ = a.stop(30 * time.Second) }()
+	tn := node + "-gpu-reset"
+	waitFor(t, "transition published", 60*time.Second, a, func() bool {
+		_, err := lc.Transitions.Get(ctx, tn, metav1.GetOptions{})
+		return err == nil
+	})
+	ev := &v1alpha1.LifecycleEvent{ObjectMeta: metav1.ObjectMeta{Name: c.event},
+		Spec: v1alpha1.LifecycleEventSpec{TransitionName: tn, BindingNode: node, Parameters: map[string]string{"gpus": "0"}}}
+	if _, err := lc.Events.Create(ctx, ev, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var got *v1alpha1.LifecycleEvent
+	waitFor(t, "the gpu-reset to end", 2*time.Minute, a, func() bool {
+		got, err = lc.Events.Get(ctx, c.event, metav1.GetOptions{})
+		return err == nil && got.Status.CompletionTime != nil
+	})
+	if got.Status.ClaimStatus != v1alpha1.LifecycleEventSucceeded {
+		t.Fatalf("gpu-reset ended %s: %s\nagent log:\n%s", got.Status.ClaimStatus, got.Status.Message, tail(a.log, 40))
+	}
+	if b, _ := os.ReadFile(resetLog); strings.TrimSpace(string(b)) != "reset "+u0+" session=closed eventsets=0" {
+		t.Errorf("resets the mock saw: %q", b)
+	}
+	if !held() {
+		t.Error("after the reset the persistence daemon does not hold GPU 0's node again (persistence mode not restored through it)")
+	}
+	log := a.logText()
+	for _, w := range []string{"persistence mode set through the driver root's nvidia-smi", `route=nvidia-smi-in:` + root} {
 		if !strings.Contains(log, w) {
 			t.Errorf("the agent did not log %q", w)
 		}

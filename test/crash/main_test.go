@@ -20,6 +20,9 @@ var (
 )
 
 func TestMain(m *testing.M) {
+	if persistencedMain() {
+		return
+	}
 	flag.Parse()
 	if testing.Short() {
 		os.Exit(m.Run()) // TestCrashSafety skips itself

@@ -47,12 +47,14 @@
 package devicestest
 
 import (
+	"bufio"
 	"context"
 	"encoding/binary"
 	"fmt"
 	"hash/crc32"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -360,7 +362,27 @@ func (f *Fleet) SMIRunner() devices.CommandRunner {
 // RunSMI plays nvidia-smi for argv (argv[0] is the binary). Like the real
 // tool it refuses the whole reset when any named GPU has processes,
 // persistence mode on, or FailReset set.
+//
+// argv may start with "chroot ROOT": nvidia-smi then runs inside a driver
+// root (the GPU Operator's). Like chroot, that fails unless ROOT holds
+// usr/bin/nvidia-smi; and the persistence daemon it reaches is ROOT's.
+// Besides --gpu-reset it plays `nvidia-smi -i <uuid> -pm 0|1`: persistence
+// mode set, and the persistence daemon listening on
+// <root>/var/run/nvidia-persistenced/socket (ServePersistenced) told, as
+// the real nvidia-smi tells nvidia-persistenced, so that it closes (or
+// opens again) the GPU's device node. NVML's SetPersistenceMode in the
+// agent's process does not reach that daemon: the node stays held.
 func (f *Fleet) RunSMI(argv []string) (string, error) {
+	root := "/"
+	if len(argv) > 2 && argv[0] == "chroot" {
+		root, argv = argv[1], argv[2:]
+		if fi, err := os.Stat(filepath.Join(root, "usr/bin/nvidia-smi")); err != nil || fi.Mode()&0o111 == 0 || argv[0] != "nvidia-smi" {
+			return "", fmt.Errorf("exit status 127: chroot: failed to run command '%s': No such file or directory", argv[0])
+		}
+	}
+	if len(argv) == 5 && filepath.Base(argv[0]) == "nvidia-smi" && argv[1] == "-i" && argv[3] == "-pm" && (argv[4] == "0" || argv[4] == "1") {
+		return f.smiPersistence(root, argv[2], argv[4] == "1")
+	}
 	if len(argv) != 4 || filepath.Base(argv[0]) != "nvidia-smi" || argv[1] != "--gpu-reset" || argv[2] != "-i" {
 		return "", fmt.Errorf("devicestest: unexpected command %q", argv)
 	}
@@ -414,6 +436,128 @@ func (f *Fleet) RunSMI(argv []string) (string, error) {
 		out = append(out, fmt.Sprintf("GPU %s was successfully reset.", f.dev(i).PciBusID))
 	}
 	return strings.Join(out, "\n"), nil
+}
+
+// PersistencedSocket is where, under a root, nvidia-smi finds the
+// persistence daemon (nvidia-persistenced's default socket path).
+const PersistencedSocket = "var/run/nvidia-persistenced/socket"
+
+// smiPersistence plays `nvidia-smi -i uuid -pm 0|1` inside root.
+func (f *Fleet) smiPersistence(root, uuid string, on bool) (string, error) {
+	f.mu.Lock()
+	i := f.Index(uuid)
+	if i < 0 || f.gpus[i].Removed || f.gpus[i].OffBus {
+		f.mu.Unlock()
+		return "", fmt.Errorf("exit status 6: No devices were found matching %s", uuid)
+	}
+	f.gpus[i].Persistence = on
+	mode := "off"
+	if on {
+		mode = "on"
+	}
+	f.calls = append(f.calls, "nvidia-smi persistence "+uuid+" "+mode)
+	node := filepath.Join(f.devRoot, fmt.Sprintf("nvidia%d", f.dev(i).Minor))
+	bus := f.dev(i).PciBusID
+	f.mu.Unlock()
+	sock := filepath.Join(root, PersistencedSocket)
+	if _, err := os.Stat(sock); err == nil {
+		if err := askPersistenced(sock, on, node); err != nil {
+			return "", fmt.Errorf("exit status 255: Failed to set persistence mode for GPU %s: %v", bus, err)
+		}
+	}
+	word := "Disabled"
+	if on {
+		word = "Enabled"
+	}
+	return fmt.Sprintf("%s persistence mode for GPU %s.\nAll done.", word, bus), nil
+}
+
+// askPersistenced sends "pm 0|1 <node>" to the daemon at sock and waits
+// for its "ok".
+func askPersistenced(sock string, on bool, node string) error {
+	c, err := net.DialTimeout("unix", sock, 5*time.Second)
+	if err != nil {
+		return fmt.Errorf("nvidia-persistenced does not answer: %w", err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	mode := "0"
+	if on {
+		mode = "1"
+	}
+	if _, err := fmt.Fprintf(c, "pm %s %s\n", mode, node); err != nil {
+		return err
+	}
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil {
+		return fmt.Errorf("nvidia-persistenced: %w", err)
+	}
+	if strings.TrimSpace(line) != "ok" {
+		return fmt.Errorf("nvidia-persistenced: %s", strings.TrimSpace(line))
+	}
+	return nil
+}
+
+// ServePersistenced plays the GPU Operator driver container's
+// nvidia-persistenced in its own process: it holds every node of nodes
+// open (persistence mode on), listens on socket, and on "pm 0 <node>"
+// closes that node, on "pm 1 <node>" opens it again, answering "ok" — as
+// the real daemon lets go of a GPU when nvidia-smi turns its persistence
+// off. It returns when ctx ends.
+func ServePersistenced(ctx context.Context, socket string, nodes []string) error {
+	held := map[string]*os.File{}
+	for _, n := range nodes {
+		fh, err := os.Open(n)
+		if err != nil {
+			return err
+		}
+		held[n] = fh
+	}
+	if err := os.MkdirAll(filepath.Dir(socket), 0o755); err != nil {
+		return err
+	}
+	l, err := net.Listen("unix", socket)
+	if err != nil {
+		return err
+	}
+	go func() { <-ctx.Done(); l.Close() }()
+	var mu sync.Mutex
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		go func() {
+			defer c.Close()
+			line, err := bufio.NewReader(c).ReadString('\n')
+			if err != nil {
+				return
+			}
+			var mode, node string
+			if _, err := fmt.Sscanf(line, "pm %s %s", &mode, &node); err != nil {
+				fmt.Fprintf(c, "bad request %q\n", strings.TrimSpace(line))
+				return
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			switch fh := held[node]; {
+			case mode == "0" && fh != nil:
+				_ = fh.Close()
+				held[node] = nil
+			case mode == "1" && fh == nil:
+				fh, err := os.Open(node)
+				if err != nil {
+					fmt.Fprintf(c, "%v\n", err)
+					return
+				}
+				held[node] = fh
+			}
+			fmt.Fprintln(c, "ok")
+		}()
+	}
 }
 
 // InjectXID delivers a critical-XID event for GPU i to every live event
