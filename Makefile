@@ -77,11 +77,12 @@ VM_TEST_TIMEOUT ?= 60m
 # (d) 1m52s, (e) 1m25s, (f) 2m03s) before (g), the OS upgrade's: profile
 # reached then missed 3m17s, external 2m50s, power cut mid-upgrade 3m28s
 # (each measured alone, beside a chaos batch); about 20 minutes in all,
-# within make test's 40.
+# within make test's 40. (j) TestRealNodePoweroff alone: 3m00-3m45s (its
+# poweroff 21-28 s, logind waiting 16 s for the kubelet's lock).
 # VM_TESTS narrows it (a go test -run pattern) when working on one scenario.
 VM_TESTS ?= .
 
-test-vm: kubebin deb ## VM tests: harness, (a) reboot, (b) graceful shutdown, (c) power cuts, (d) upgrade mid-transition, (e) remove/purge, (f) a slot held while powered off, (g) OS upgrade: profile, target missed, external, power cut, (h) the start limit and its recover unit, (i) a real kubelet and containerd: drain of real pods, uncordon, reboot waiting for the new boot's kubelet
+test-vm: kubebin deb ## VM tests: harness, (a) reboot, (b) graceful shutdown, (c) power cuts, (d) upgrade mid-transition, (e) remove/purge, (f) a slot held while powered off, (g) OS upgrade: profile, target missed, external, power cut, (h) the start limit and its recover unit, (i) a real kubelet and containerd: drain of real pods, uncordon, reboot waiting for the new boot's kubelet, (j) systemctl poweroff beside the real kubelet's graceful node shutdown: both delay locks, the pods' SIGTERM before power-off, the new boot's Ready
 	$(GO) test -tags $(TAGS) -count=1 -v -timeout $(VM_TEST_TIMEOUT) -run '$(VM_TESTS)' ./test/vm/
 
 test-vm-full: test-vm ## the same as test-vm (every scenario); kept for old habits

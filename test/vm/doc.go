@@ -14,7 +14,12 @@
 // kubelet's graceful node shutdown off (kubeadm's default) and the kubelet
 // starting 20 s late, so the old boot's Ready=True is still on the Node when
 // the agent comes back: wait-ready must wait for status.nodeInfo.bootID of
-// the new boot. About 2.3 min under TCG.
+// the new boot. About 2.3 min under TCG. TestRealNodePoweroff (issue 40)
+// powers the real node off with the kubelet's graceful node shutdown on:
+// both delay locks held while logind waits (a watcher in the guest records
+// logind's inhibitors), the agent's conditions and cordon on the API
+// server and the pods' SIGTERM and exit before the power-off, then the
+// shutdown closed out and the new boot's Ready. About 3 min under TCG.
 //
 // The image comes from hack/vm/build-image.sh (debootstrap, cached outside
 // the clone by a stamp of its inputs; ~3 min cold, 0 s warm) and every Start
