@@ -203,7 +203,7 @@ func Run(ctx context.Context, o Options) error {
 	if !o.NoGPU {
 		gpu = newGPUStack(cfg, api, log, clk)
 	}
-	drv := append(builtinDrivers(cfg, log, clk, gpu != nil), o.ExtraDrivers...)
+	drv := append(builtinDrivers(cfg, log, clk, gpu != nil, api), o.ExtraDrivers...)
 	var unpublished []UnpublishedDriver
 	if o.Host == nil && cfg.Host.Mode == config.HostModeReal {
 		drv, unpublished = withoutLogindDrivers(ctx, drv, logind, log)

@@ -212,3 +212,13 @@ func ReadyInBoot(node *corev1.Node, bootID string) bool {
 	}
 	return false
 }
+
+// NodePods lists the pods bound to this node (a field selector on
+// spec.nodeName, which the Node authorizer allows a node's identity).
+func (c *Client) NodePods(ctx context.Context) ([]corev1.Pod, error) {
+	l, err := c.Core.CoreV1().Pods("").List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + c.Node})
+	if err != nil {
+		return nil, fmt.Errorf("apiclient: list pods on %s: %w", c.Node, err)
+	}
+	return l.Items, nil
+}

@@ -91,6 +91,7 @@ type Config struct {
 	Exec          Exec
 	Maintenance   Maintenance
 	Gates         Gates
+	Readiness     Readiness
 	Notifications Notifications
 
 	// sources maps each layered key to where its value came from.
@@ -189,6 +190,23 @@ type GPUOperator struct {
 type Maintenance struct {
 	Windows maintenance.Windows // from the file only; none: any time
 }
+
+// Readiness is the readiness.* section: the checks before the uncordon
+// that ends a disruptive event (internal/readiness).
+type Readiness struct {
+	Checks         []string // daemonsets, resources, conditions, command
+	Conditions     []string // Type=Status: a Node condition and its healthy status
+	Command        string   // /bin/sh -c; exit 0 passes; "": off
+	CommandTimeout time.Duration
+	Timeout        time.Duration
+	OnTimeout      string // ReadinessKeepCordoned or ReadinessUncordon
+}
+
+// Values of readiness.onTimeout.
+const (
+	ReadinessKeepCordoned = "keepCordoned"
+	ReadinessUncordon     = "uncordon"
+)
 
 // Gates is the gates.* section: what must hold before a disruptive event
 // starts (internal/maintenance).

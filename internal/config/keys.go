@@ -258,6 +258,47 @@ var keys = []*key{
 		field: func(c *Config) any { return &c.Gates.CommandTimeout },
 	},
 	{
+		name: "readiness.checks", kind: kindStrings, def: "daemonsets,resources,conditions,command", check: checkReadinessChecks,
+		doc: "What must be back before the agent uncordons a node at the end of a reboot, an os-upgrade or " +
+			"a gpu-reset with drain: daemonsets (every DaemonSet with a Ready pod on the node at claim has " +
+			"one again), resources (every extended resource in status.allocatable, e.g. nvidia.com/gpu, " +
+			"at least its count at claim), conditions (readiness.conditions, and GPUHealthy True where the " +
+			"agent runs the GPU stack), command (readiness.command exits 0; nothing when unset). An event's " +
+			"parameters.readinessChecks narrows them (none, or a list). Empty: none by default.",
+		field: func(c *Config) any { return &c.Readiness.Checks },
+	},
+	{
+		name: "readiness.conditions", kind: kindStrings, def: "", check: checkConditionList,
+		doc: "Node conditions that must have their healthy status before the uncordon, as Type=Status " +
+			"(node-problem-detector's, e.g. KernelDeadlock=False,ReadonlyFilesystem=False).",
+		field: func(c *Config) any { return &c.Readiness.Conditions },
+	},
+	{
+		name: "readiness.command", kind: kindString, def: "",
+		doc: "A command, run by /bin/sh -c, that must exit 0 before the uncordon (the readiness check " +
+			"command). Empty: no command check.",
+		field: func(c *Config) any { return &c.Readiness.Command },
+	},
+	{
+		name: "readiness.commandTimeout", kind: kindDuration, def: "30s", check: positive,
+		doc:   "Longest one run of readiness.command may take; one that outlives it counts as not ready.",
+		field: func(c *Config) any { return &c.Readiness.CommandTimeout },
+	},
+	{
+		name: "readiness.timeout", kind: kindDuration, def: "10m", check: positive,
+		doc: "Longest the agent waits for the readiness checks; then the event ends Failed naming what " +
+			"never became ready (see readiness.onTimeout).",
+		field: func(c *Config) any { return &c.Readiness.Timeout },
+	},
+	{
+		name: "readiness.onTimeout", kind: kindString, def: ReadinessKeepCordoned,
+		enum: []string{ReadinessKeepCordoned, ReadinessUncordon},
+		doc: "What a readiness timeout leaves: keepCordoned keeps the node cordoned, its cordon annotation " +
+			"naming the event, until an admin uncordons it; uncordon gives the node back anyway (pods may " +
+			"then land on a node whose DaemonSets or devices are not back).",
+		field: func(c *Config) any { return &c.Readiness.OnTimeout },
+	},
+	{
 		name: "notifications.urls", kind: kindStrings, def: "", check: checkNotifyURLs,
 		doc: "Where to tell people when this agent claims an event, when a step fails it and when it " +
 			"ends: shoutrrr URLs, as kured's --notify-url (slack://hook:..., teams://..., " +
@@ -602,6 +643,27 @@ func checkHTTPURL(v any) error {
 func nonEmpty(v any) error {
 	if v.(string) == "" {
 		return fmt.Errorf("must not be empty")
+	}
+	return nil
+}
+
+func checkReadinessChecks(v any) error {
+	for _, c := range v.([]string) {
+		switch c {
+		case "daemonsets", "resources", "conditions", "command":
+		default:
+			return fmt.Errorf("%q: want daemonsets, resources, conditions or command", c)
+		}
+	}
+	return nil
+}
+
+func checkConditionList(v any) error {
+	for _, c := range v.([]string) {
+		t, st, ok := strings.Cut(c, "=")
+		if !ok || t == "" || (st != "True" && st != "False" && st != "Unknown") {
+			return fmt.Errorf("%q: want Type=True, Type=False or Type=Unknown", c)
+		}
 	}
 	return nil
 }

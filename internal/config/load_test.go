@@ -26,6 +26,8 @@ func defaults() *Config {
 		Shutdown:       Shutdown{Budget: 5 * time.Second},
 		Drain:          Drain{EvictRetryDelay: 5 * time.Second},
 		Reboot:         Reboot{ReadyTimeout: 10 * time.Minute},
+		Readiness: Readiness{Checks: []string{"daemonsets", "resources", "conditions", "command"}, Conditions: []string{},
+			CommandTimeout: 30 * time.Second, Timeout: 10 * time.Minute, OnTimeout: "keepCordoned"},
 		Needs: Needs{Reboot: NeedsReboot{SentinelFile: "/var/run/reboot-required", CommandTimeout: 30 * time.Second, Interval: time.Minute,
 			Policy: "report", Request: AutoRequest{Group: "auto-reboot", MaxConcurrent: 1, BreakerFailures: 3}}},
 		GPU: GPU{

@@ -3,6 +3,7 @@ package drivers
 import (
 	"context"
 	"fmt"
+	corev1 "k8s.io/api/core/v1"
 	"slices"
 	"strings"
 	"sync"
@@ -424,3 +425,12 @@ func shortWaits() RebootConfig {
 	c.ReadyTimeout, c.RebootWait = 50*time.Millisecond, 20*time.Millisecond
 	return c
 }
+
+// GetNode and NodePods: a Node with nothing allocatable and no pods, so
+// the readiness checks find nothing missing (their own tests are in
+// readiness_test.go against the real API server).
+func (a *fakeAPI) GetNode(context.Context) (*corev1.Node, error) {
+	return &corev1.Node{}, nil
+}
+
+func (a *fakeAPI) NodePods(context.Context) ([]corev1.Pod, error) { return nil, nil }

@@ -47,6 +47,7 @@ const DefaultProfileTimeout = time.Hour
 //     the kernel release with targetKernel; a mismatch fails and names the
 //     expected and the found value.
 //   - wait-ready: as the reboot driver's (unless waitForReady=false).
+//   - wait-workloads-ready: the readiness checks, as the reboot driver's.
 //   - uncordon: lifts the cordon this event made, and only that one.
 //
 // Steps, mode=external: the drain; wait-reboot, which reports that the
@@ -148,9 +149,17 @@ func (d OSUpgrade) profileNames() string {
 	return strings.Join(names, ", ")
 }
 
+// Resolve implements Resolver: the readiness snapshot at claim.
+func (d OSUpgrade) Resolve(ctx context.Context, params map[string]string) (map[string]string, error) {
+	return d.Readiness.resolve(ctx, params, nil)
+}
+
 func (d OSUpgrade) Plan(m map[string]string) ([]Step, error) {
-	o, err := DrainOptionsFrom(m, DrainTiming{d.DrainRetryDelay, d.DrainTimeout}, osUpgradeParams...)
+	o, err := DrainOptionsFrom(m, DrainTiming{d.DrainRetryDelay, d.DrainTimeout}, append(osUpgradeParams, d.Readiness.params()...)...)
 	if err != nil {
+		return nil, err
+	}
+	if err := d.Readiness.validate(m); err != nil {
 		return nil, err
 	}
 	p := newParams(pick(m, osUpgradeParams...), osUpgradeParams...)
@@ -210,7 +219,7 @@ func (d OSUpgrade) Plan(m map[string]string) ([]Step, error) {
 	}
 	steps = append(steps, verifyStep(t))
 	if waitReady {
-		steps = append(steps, d.readyStep())
+		steps = append(steps, d.readyStep(), d.Readiness.step())
 	}
 	return append(steps, uncordonOursStep()), nil
 }

@@ -54,6 +54,9 @@ type RebootConfig struct {
 	DrainTimeout time.Duration
 	// Clock times every wait; nil means the real clock. Nothing here sleeps.
 	Clock clock.Clock
+	// Readiness is the checks between wait-ready and the uncordon
+	// (readiness.*), with the snapshot Resolve takes at claim.
+	Readiness Readiness
 }
 
 func (c RebootConfig) clock() clock.Clock {
@@ -85,6 +88,9 @@ func orDefault(d, def time.Duration) time.Duration {
 //     request followed by a bounded wait, then fails.
 //   - wait-ready: waits, bounded by reboot.readyTimeout, for the kubelet to
 //     report the Node Ready (unless waitForReady=false).
+//   - wait-workloads-ready: the readiness checks (package readiness)
+//     against the snapshot taken at claim, bounded by readiness.timeout
+//     (unless waitForReady=false).
 //   - uncordon: lifts the cordon this event made, and only that one.
 //
 // Parameters:
@@ -94,6 +100,9 @@ func orDefault(d, def time.Duration) time.Duration {
 //	deleteEmptyDirData  drain: bool, default false
 //	podSelector         drain: label selector of the pods to evict
 //	waitForReady        bool, default true: wait for the Node to be Ready
+//	                    and for its workloads (the readiness checks)
+//	readinessChecks     none, or a list of daemonsets, resources,
+//	                    conditions, command: the readiness checks to run
 //	rebootAttempts      1..10, default 3: reboot requests before failing
 //
 // Undone on abort (the engine's default): the cordon, if this event made it.
@@ -117,9 +126,17 @@ func (Reboot) SLA() time.Duration { return 2 * time.Hour }
 // rebootParams are the reboot driver's own parameters (besides the drain's).
 var rebootParams = []string{"drain", "waitForReady", "rebootAttempts"}
 
+// Resolve implements Resolver: the readiness snapshot at claim.
+func (d Reboot) Resolve(ctx context.Context, params map[string]string) (map[string]string, error) {
+	return d.Readiness.resolve(ctx, params, nil)
+}
+
 func (d Reboot) Plan(m map[string]string) ([]Step, error) {
-	o, err := DrainOptionsFrom(m, DrainTiming{d.DrainRetryDelay, d.DrainTimeout}, rebootParams...)
+	o, err := DrainOptionsFrom(m, DrainTiming{d.DrainRetryDelay, d.DrainTimeout}, append(rebootParams, d.Readiness.params()...)...)
 	if err != nil {
+		return nil, err
+	}
+	if err := d.Readiness.validate(m); err != nil {
 		return nil, err
 	}
 	p := newParams(pick(m, rebootParams...), rebootParams...)
@@ -142,7 +159,7 @@ func (d Reboot) Plan(m map[string]string) ([]Step, error) {
 	}
 	steps = append(steps, d.rebootStep("reboot", attempts, nil))
 	if waitReady {
-		steps = append(steps, d.readyStep())
+		steps = append(steps, d.readyStep(), d.Readiness.step())
 	}
 	return append(steps, uncordonOursStep()), nil
 }

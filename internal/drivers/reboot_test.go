@@ -19,13 +19,13 @@ func TestRebootPlan(t *testing.T) {
 		wantErr string
 	}{
 		{name: "defaults: drain, reboot, wait for Ready, uncordon",
-			steps: []string{"cordon", "evict", "wait-empty", "reboot", "wait-ready", "uncordon"}},
+			steps: []string{"cordon", "evict", "wait-empty", "reboot", "wait-ready", "wait-workloads-ready", "uncordon"}},
 		{name: "no drain, no Ready wait",
 			params: map[string]string{"drain": "false", "waitForReady": "false"},
 			steps:  []string{"reboot", "uncordon"}},
 		{name: "drain parameters pass through",
 			params: map[string]string{"gracePeriodSeconds": "30", "podSelector": "app=web", "rebootAttempts": "5"},
-			steps:  []string{"cordon", "evict", "wait-empty", "reboot", "wait-ready", "uncordon"}},
+			steps:  []string{"cordon", "evict", "wait-empty", "reboot", "wait-ready", "wait-workloads-ready", "uncordon"}},
 		{name: "drain is not a bool", params: map[string]string{"drain": "maybe"},
 			wantErr: `parameters.drain: "maybe" is not true or false`},
 		{name: "rebootAttempts out of range", params: map[string]string{"rebootAttempts": "0"},

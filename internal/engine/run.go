@@ -427,12 +427,26 @@ func (e *Engine) abort(ctx context.Context, a *active, outcome journal.Outcome, 
 		// so a cordon of anyone else's is left alone.
 		cordon := drivers.Change{Kind: "cordon", Key: e.cfg.Node}
 		owned := rt.Owns(cordon)
-		_, err = e.retryAPI(ctx, func(c context.Context) (bool, error) { return e.cfg.API.Uncordon(c, a.name, false) })
-		if errors.Is(err, apiclient.ErrCordonNotOurs) {
-			err, notOurs = nil, true // someone else's cordon: left alone, the node not back
-		}
-		if err == nil && owned {
-			err = rt.Disown(cordon)
+		if kept := drivers.CordonKept(e.cfg.Node); rt.Owns(kept) {
+			// The readiness checks timed out and readiness.onTimeout keeps
+			// the node cordoned (drivers.Readiness): the cordon, its
+			// annotation naming this event, is left for an admin; the
+			// journal stops owning it, so nothing undoes it later.
+			if owned {
+				err = rt.Disown(cordon)
+			}
+			if err == nil {
+				err = rt.Disown(kept)
+			}
+			notOurs = true // the node is not back
+		} else {
+			_, err = e.retryAPI(ctx, func(c context.Context) (bool, error) { return e.cfg.API.Uncordon(c, a.name, false) })
+			if errors.Is(err, apiclient.ErrCordonNotOurs) {
+				err, notOurs = nil, true // someone else's cordon: left alone, the node not back
+			}
+			if err == nil && owned {
+				err = rt.Disown(cordon)
+			}
 		}
 	}
 	if ctx.Err() != nil {

@@ -64,7 +64,7 @@ func TestRebootDriver(t *testing.T) {
 	if ev.Status.ClaimStatus != v1alpha1.LifecycleEventSucceeded {
 		t.Fatalf("reboot: %s %s", ev.Status.ClaimStatus, ev.Status.Message)
 	}
-	if got := stepStates(ev); got != "cordon=Done,evict=Done,wait-empty=Done,reboot=Done,wait-ready=Done,uncordon=Done" {
+	if got := stepStates(ev); got != "cordon=Done,evict=Done,wait-empty=Done,reboot=Done,wait-ready=Done,wait-workloads-ready=Done,uncordon=Done" {
 		t.Fatalf("steps = %s", got)
 	}
 	if after := bootID(t, a); after == before {

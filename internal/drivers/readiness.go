@@ -1,0 +1,181 @@
+package drivers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"strings"
+	"time"
+
+	"k8s.io/utils/clock"
+
+	"github.com/lifecycle-agent/lifecycle-agent/internal/readiness"
+)
+
+// StepWaitWorkloads is the readiness step: after wait-ready, before the
+// uncordon that ends a reboot, an os-upgrade or a gpu-reset with drain.
+const StepWaitWorkloads = "wait-workloads-ready"
+
+// ResolvedReadiness is the plan key of the claim-time snapshot
+// (readiness.Snapshot), fixed by Resolve and journaled with the claim.
+const ResolvedReadiness = "resolved.readiness"
+
+// Readiness is the checks before the uncordon (readiness.*; see package
+// readiness). The zero value runs the default checks against no snapshot.
+type Readiness struct {
+	Config readiness.Config
+	// API reads the Node and its pods for the claim-time snapshot (Resolve)
+	// and the checks; nil: no snapshot is taken.
+	API readiness.API
+	// PollInterval paces the wait; 0 means DefaultPollInterval.
+	PollInterval time.Duration
+	// Clock times the wait; nil means the real clock.
+	Clock clock.Clock
+}
+
+// ChangeCordonKept is the owned-change kind, key cordon-kept/<node>, that
+// a readiness timeout journals with readiness.onTimeout keepCordoned: the
+// abort (the engine's, for reboot and os-upgrade) then leaves the node
+// cordoned — its annotation still names the event — and drops both
+// records, instead of lifting the cordon.
+const ChangeCordonKept = "cordon-kept"
+
+// CordonKept is that change for node.
+func CordonKept(node string) Change {
+	return Change{Kind: ChangeCordonKept, Key: ChangeCordonKept + "/" + node}
+}
+
+const keptSuffix = "; the node stays cordoned (readiness.onTimeout: keepCordoned): uncordon it once it is ready"
+
+// params are the keys the readiness adds to a driver's parameters.
+func (Readiness) params() []string { return []string{readiness.Param, ResolvedReadiness} }
+
+// resolve adds the claim-time snapshot to params. A snapshot that cannot
+// be read (the API refusing the pod list) is not a reason to refuse the
+// event: the step then says it compares against nothing.
+func (r Readiness) resolve(ctx context.Context, params map[string]string, log func(msg string, args ...any)) (map[string]string, error) {
+	if _, ok := params[ResolvedReadiness]; ok {
+		return nil, fmt.Errorf("%w: parameters.%s: the %q prefix is reserved for the plan fixed at claim", ErrBadParameter, ResolvedReadiness, "resolved.")
+	}
+	if _, err := r.Config.Selected(params[readiness.Param]); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrBadParameter, err)
+	}
+	out := maps.Clone(params)
+	if out == nil {
+		out = map[string]string{}
+	}
+	if r.API == nil {
+		return out, nil
+	}
+	snap, err := readiness.Take(ctx, r.API)
+	if err != nil {
+		if log != nil {
+			log("readiness: no claim-time snapshot; the daemonsets and resources checks will compare against nothing", "err", err)
+		}
+		return out, nil
+	}
+	out[ResolvedReadiness] = snap.Encode()
+	return out, nil
+}
+
+// validate checks the readiness parameter of a plan.
+func (r Readiness) validate(m map[string]string) error {
+	if _, err := r.Config.Selected(m[readiness.Param]); err != nil {
+		return fmt.Errorf("%w: %v", ErrBadParameter, err)
+	}
+	return nil
+}
+
+// step waits until readiness.Config.NotReady lists nothing, bounded by
+// readiness.timeout. The event's status names what is not back yet (a
+// write only when that changes). A timeout fails the step naming what
+// never became ready; unless readiness.onTimeout is uncordon, the cordon
+// is first disowned, so the abort leaves the node cordoned (its annotation
+// still names the event) for an admin to give back.
+func (r Readiness) step() Step {
+	return Step{Name: StepWaitWorkloads, NeedsAPI: true, Run: func(ctx context.Context, rt Runtime) error {
+		if kept := CordonKept(rt.Node()); rt.Owns(kept) {
+			// The wait timed out before a restart and kept the cordon: the
+			// same end again, nothing checked twice.
+			return errors.New("the node's workloads were not ready within readiness.timeout (decided before the agent restarted)" + keptSuffix)
+		}
+		checks, err := r.Config.Selected(rt.Params()[readiness.Param])
+		if err != nil {
+			return fmt.Errorf("%w: %v", ErrBadParameter, err)
+		}
+		if len(checks) == 0 {
+			rt.Progress("readiness checks skipped (none configured or parameters.readinessChecks: none)")
+			return nil
+		}
+		var snap readiness.Snapshot
+		note := ""
+		if v, ok := rt.Params()[ResolvedReadiness]; ok {
+			if snap, err = readiness.Decode(v); err != nil {
+				return err
+			}
+		} else {
+			note = " (no claim-time snapshot: DaemonSets and extended resources compared against nothing)"
+		}
+		api := r.API
+		if api == nil {
+			a, ok := rt.API().(readiness.API)
+			if !ok {
+				return errors.New("readiness: the API client cannot read the Node and its pods")
+			}
+			api = a
+		}
+		run := func(ctx context.Context, argv []string, timeout time.Duration) error {
+			_, err := rt.Host().Run(ctx, argv, nil, timeout)
+			return err
+		}
+		timeout := r.Config.Timeout
+		if timeout <= 0 {
+			timeout = readiness.DefaultTimeout
+		}
+		clk := r.Clock
+		if clk == nil {
+			clk = clock.RealClock{}
+		}
+		interval := orDefault(r.PollInterval, DefaultPollInterval)
+		deadline := clk.Now().Add(timeout)
+		rt.Progress(fmt.Sprintf("checking the node's workloads before the uncordon (%s, up to %s)%s", strings.Join(checks, ", "), timeout, note))
+		last := ""
+		var lastErr error
+		for {
+			missing, err := r.Config.NotReady(ctx, api, snap, checks, run)
+			lastErr = err
+			if err == nil && len(missing) == 0 {
+				rt.Progress("the node's workloads are ready: " + strings.Join(checks, ", "))
+				return nil
+			}
+			if err == nil {
+				if msg := strings.Join(missing, "; "); msg != last {
+					last = msg
+					rt.Progress("waiting for the node's workloads before the uncordon: " + msg)
+				}
+			}
+			if !clk.Now().Before(deadline) {
+				break
+			}
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-clk.After(interval):
+			}
+		}
+		msg := fmt.Sprintf("the node's workloads were not ready within %s (readiness.timeout): %s", timeout, last)
+		if last == "" && lastErr != nil {
+			msg = fmt.Sprintf("the node's workloads could not be checked within %s (readiness.timeout): %v", timeout, lastErr)
+		}
+		if !r.Config.Uncordon && rt.Owns(Change{Kind: "cordon", Key: rt.Node()}) {
+			msg += keptSuffix
+			// Journaled before the step fails: the abort then leaves the
+			// cordon (CordonKept), and a replay of this step fails again.
+			if err := rt.Own(CordonKept(rt.Node())); err != nil {
+				return err
+			}
+		}
+		return errors.New(msg)
+	}}
+}

@@ -1,0 +1,257 @@
+package readiness
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+)
+
+// The checks, as readinessChecks names them.
+const (
+	CheckDaemonSets = "daemonsets"
+	CheckResources  = "resources"
+	CheckConditions = "conditions"
+	CheckCommand    = "command"
+)
+
+// Checks is every check, in the order NotReady reports them.
+var Checks = []string{CheckDaemonSets, CheckResources, CheckConditions, CheckCommand}
+
+// Param is the per-event parameter that narrows the checks.
+const Param = "readinessChecks"
+
+// Snapshot is what the node had at claim.
+type Snapshot struct {
+	// Allocatable is each extended resource's allocatable count.
+	Allocatable map[string]int64 `json:"allocatable,omitempty"`
+	// DaemonSets are namespace/name of the DaemonSets with a Ready pod on
+	// the node, sorted.
+	DaemonSets []string `json:"daemonSets,omitempty"`
+}
+
+// Encode is the snapshot as the plan journals it.
+func (s Snapshot) Encode() string {
+	b, _ := json.Marshal(s)
+	return string(b)
+}
+
+// Decode reads Encode's form.
+func Decode(v string) (Snapshot, error) {
+	var s Snapshot
+	if err := json.Unmarshal([]byte(v), &s); err != nil {
+		return s, fmt.Errorf("readiness: the snapshot journaled at claim is unreadable: %w", err)
+	}
+	return s, nil
+}
+
+// API is what the checks read (*apiclient.Client implements it).
+type API interface {
+	GetNode(ctx context.Context) (*corev1.Node, error)
+	// NodePods lists the pods bound to this node.
+	NodePods(ctx context.Context) ([]corev1.Pod, error)
+}
+
+// Config is readiness.* (and what the agent adds: GPUHealthy where the GPU
+// stack runs).
+type Config struct {
+	// Enabled are the checks run when an event names none; nil: daemonsets,
+	// resources, conditions (and command when Command is set).
+	Enabled []string
+	// Conditions are Node condition types and their healthy status.
+	Conditions map[string]corev1.ConditionStatus
+	// Command, when set, must exit 0 (run by the caller's runner).
+	Command        []string
+	CommandTimeout time.Duration
+	// Timeout bounds the wait; 0 means DefaultTimeout.
+	Timeout time.Duration
+	// Uncordon, when true, lets a timed-out event's abort lift the cordon
+	// (readiness.onTimeout: uncordon); false keeps the node cordoned.
+	Uncordon bool
+}
+
+// Defaults.
+const (
+	DefaultTimeout        = 10 * time.Minute
+	DefaultCommandTimeout = 30 * time.Second
+)
+
+// Selected returns the checks to run for an event's readinessChecks value
+// ("" the configured ones, "none", or a comma list), or an error naming
+// the parameter.
+func (c Config) Selected(param string) ([]string, error) {
+	switch strings.TrimSpace(param) {
+	case "":
+		if c.Enabled != nil {
+			return c.Enabled, nil
+		}
+		out := []string{CheckDaemonSets, CheckResources, CheckConditions}
+		if len(c.Command) > 0 {
+			out = append(out, CheckCommand)
+		}
+		return out, nil
+	case "none":
+		return []string{}, nil
+	}
+	var out []string
+	for _, s := range strings.Split(param, ",") {
+		s = strings.TrimSpace(s)
+		if !slices.Contains(Checks, s) {
+			return nil, fmt.Errorf("parameters.%s: %q is not one of none, %s", Param, s, strings.Join(Checks, ", "))
+		}
+		if s == CheckCommand && len(c.Command) == 0 {
+			return nil, fmt.Errorf("parameters.%s: command: readiness.command is not configured on this node", Param)
+		}
+		if !slices.Contains(out, s) {
+			out = append(out, s)
+		}
+	}
+	return out, nil
+}
+
+// Extended reports whether a resource name is an extended resource: a
+// domain-prefixed name outside kubernetes.io (nvidia.com/gpu, …).
+func Extended(name corev1.ResourceName) bool {
+	domain, _, ok := strings.Cut(string(name), "/")
+	return ok && domain != "kubernetes.io" && !strings.HasSuffix(domain, ".kubernetes.io")
+}
+
+// Take reads the snapshot from the Node and its pods.
+func Take(ctx context.Context, api API) (Snapshot, error) {
+	var s Snapshot
+	node, err := api.GetNode(ctx)
+	if err != nil {
+		return s, fmt.Errorf("readiness: reading the Node: %w", err)
+	}
+	for name, q := range node.Status.Allocatable {
+		if Extended(name) {
+			if s.Allocatable == nil {
+				s.Allocatable = map[string]int64{}
+			}
+			s.Allocatable[string(name)] = q.Value()
+		}
+	}
+	pods, err := api.NodePods(ctx)
+	if err != nil {
+		return s, fmt.Errorf("readiness: listing the node's pods: %w", err)
+	}
+	s.DaemonSets = readyDaemonSets(pods)
+	return s, nil
+}
+
+// daemonSetOf names the DaemonSet that controls p, or "".
+func daemonSetOf(p *corev1.Pod) string {
+	for _, o := range p.OwnerReferences {
+		if o.Kind == "DaemonSet" && o.Controller != nil && *o.Controller {
+			return p.Namespace + "/" + o.Name
+		}
+	}
+	return ""
+}
+
+func podReady(p *corev1.Pod) bool {
+	if p.DeletionTimestamp != nil || p.Status.Phase != corev1.PodRunning {
+		return false
+	}
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+func readyDaemonSets(pods []corev1.Pod) []string {
+	var out []string
+	for i := range pods {
+		if ds := daemonSetOf(&pods[i]); ds != "" && podReady(&pods[i]) && !slices.Contains(out, ds) {
+			out = append(out, ds)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Runner runs the readiness command (HostOps.Run).
+type Runner func(ctx context.Context, argv []string, timeout time.Duration) error
+
+// NotReady lists what is not back yet among checks: nothing means ready.
+// An error is the API's (the caller retries).
+func (c Config) NotReady(ctx context.Context, api API, snap Snapshot, checks []string, run Runner) ([]string, error) {
+	var out []string
+	var node *corev1.Node
+	if slices.Contains(checks, CheckResources) || slices.Contains(checks, CheckConditions) {
+		n, err := api.GetNode(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("readiness: reading the Node: %w", err)
+		}
+		node = n
+	}
+	if slices.Contains(checks, CheckDaemonSets) && len(snap.DaemonSets) > 0 {
+		pods, err := api.NodePods(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("readiness: listing the node's pods: %w", err)
+		}
+		ready := readyDaemonSets(pods)
+		for _, ds := range snap.DaemonSets {
+			if !slices.Contains(ready, ds) {
+				out = append(out, "DaemonSet "+ds+" has no Ready pod on the node")
+			}
+		}
+	}
+	if slices.Contains(checks, CheckResources) {
+		names := make([]string, 0, len(snap.Allocatable))
+		for n := range snap.Allocatable {
+			names = append(names, n)
+		}
+		sort.Strings(names)
+		for _, n := range names {
+			want := snap.Allocatable[n]
+			var have int64
+			if q, ok := node.Status.Allocatable[corev1.ResourceName(n)]; ok {
+				have = q.Value()
+			}
+			if have < want {
+				out = append(out, fmt.Sprintf("allocatable %s is %d of %d", n, have, want))
+			}
+		}
+	}
+	if slices.Contains(checks, CheckConditions) {
+		types := make([]string, 0, len(c.Conditions))
+		for t := range c.Conditions {
+			types = append(types, t)
+		}
+		sort.Strings(types)
+		for _, t := range types {
+			want := c.Conditions[t]
+			got := corev1.ConditionUnknown
+			reason := "not reported"
+			for _, cond := range node.Status.Conditions {
+				if string(cond.Type) == t {
+					got, reason = cond.Status, cond.Reason
+				}
+			}
+			if got != want {
+				out = append(out, fmt.Sprintf("condition %s is %s (%s), want %s", t, got, reason, want))
+			}
+		}
+	}
+	if slices.Contains(checks, CheckCommand) && len(c.Command) > 0 && run != nil {
+		timeout := c.CommandTimeout
+		if timeout <= 0 {
+			timeout = DefaultCommandTimeout
+		}
+		if err := run(ctx, c.Command, timeout); err != nil {
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			out = append(out, fmt.Sprintf("readiness.command %s: %v", c.Command[0], err))
+		}
+	}
+	return out, nil
+}

@@ -1,0 +1,289 @@
+package e2e
+
+import (
+	"context"
+	"os/exec"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/util/retry"
+
+	"github.com/lifecycle-agent/lifecycle-agent/api/v1alpha1"
+	"github.com/lifecycle-agent/lifecycle-agent/internal/apiclient"
+	"github.com/lifecycle-agent/lifecycle-agent/internal/config"
+	"github.com/lifecycle-agent/lifecycle-agent/internal/readiness"
+	"github.com/lifecycle-agent/lifecycle-agent/test/testenv"
+)
+
+// readinessNode is a node with a kubelet stand-in, 8 allocatable
+// nvidia.com/gpu and a DaemonSet (no DaemonSet controller runs here: its
+// pod is created bound to the node, owned by the DaemonSet, and the stand-in
+// makes it Running and Ready).
+type readinessNode struct {
+	t    *testing.T
+	cs   kubernetes.Interface
+	node string
+	ns   string
+	pod  string
+}
+
+func newReadinessNode(t *testing.T, node string) *readinessNode {
+	t.Helper()
+	newNode(t, node)
+	ctx := context.Background()
+	r := &readinessNode{t: t, cs: kubernetes.NewForConfigOrDie(env.AdminConfig()), node: node, ns: node, pod: "device-plugin-" + node}
+	if _, err := r.cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: r.ns}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	labels := map[string]string{"app": "device-plugin"}
+	ds, err := r.cs.AppsV1().DaemonSets(r.ns).Create(ctx, &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Name: "device-plugin"},
+		Spec: appsv1.DaemonSetSpec{Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: labels},
+				Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "p", Image: "lifecycle.test/pause:1"}}}}}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	yes := true
+	_, err = r.cs.CoreV1().Pods(r.ns).Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: r.pod, Labels: labels,
+		OwnerReferences: []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "DaemonSet", Name: ds.Name, UID: ds.UID, Controller: &yes}}},
+		Spec: corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "p", Image: "lifecycle.test/pause:1"}}}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the DaemonSet pod Ready", 30*time.Second, func() bool { return r.podReady() })
+	r.setGPUs(8)
+	return r
+}
+
+func (r *readinessNode) podReady() bool {
+	p, err := r.cs.CoreV1().Pods(r.ns).Get(context.Background(), r.pod, metav1.GetOptions{})
+	return err == nil && slices.ContainsFunc(p.Status.Conditions, func(c corev1.PodCondition) bool {
+		return c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue
+	})
+}
+
+// setPodReady sets the pod's Ready condition (Running either way), as the
+// kubelet does while a restarted container's readiness probe fails.
+func (r *readinessNode) setPodReady(ready bool) {
+	r.t.Helper()
+	st := corev1.ConditionFalse
+	if ready {
+		st = corev1.ConditionTrue
+	}
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		p, err := r.cs.CoreV1().Pods(r.ns).Get(context.Background(), r.pod, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		for i := range p.Status.Conditions {
+			if p.Status.Conditions[i].Type == corev1.PodReady || p.Status.Conditions[i].Type == corev1.ContainersReady {
+				p.Status.Conditions[i].Status = st
+			}
+		}
+		_, err = r.cs.CoreV1().Pods(r.ns).UpdateStatus(context.Background(), p, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
+		r.t.Fatal(err)
+	}
+}
+
+// setGPUs sets allocatable (and capacity) nvidia.com/gpu, as the device
+// plugin's registration does.
+func (r *readinessNode) setGPUs(n int64) {
+	r.t.Helper()
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		node, err := r.cs.CoreV1().Nodes().Get(context.Background(), r.node, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if node.Status.Allocatable == nil {
+			node.Status.Allocatable, node.Status.Capacity = corev1.ResourceList{}, corev1.ResourceList{}
+		}
+		node.Status.Allocatable["nvidia.com/gpu"] = *resource.NewQuantity(n, resource.DecimalSI)
+		node.Status.Capacity["nvidia.com/gpu"] = *resource.NewQuantity(n, resource.DecimalSI)
+		_, err = r.cs.CoreV1().Nodes().UpdateStatus(context.Background(), node, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
+		r.t.Fatal(err)
+	}
+}
+
+func (r *readinessNode) setReady(ready bool) {
+	r.t.Helper()
+	if err := testenv.SetNodeReady(context.Background(), env.AdminConfig(), r.node, ready); err != nil {
+		r.t.Fatal(err)
+	}
+}
+
+// startReboot creates a reboot event while the Node is NotReady, so the
+// event stops at wait-ready after the (simulated) reboot; it returns once
+// the reboot step is done, with the claim-time snapshot taken.
+func (r *readinessNode) startReboot(name string) {
+	r.t.Helper()
+	waitTransition(r.t, transitionName(r.node, "reboot"))
+	r.setReady(false)
+	createEvent(r.t, name, r.node, transitionName(r.node, "reboot"), nil, nil)
+	lc := clients(r.t, env.AdminConfig())
+	waitFor(r.t, "the reboot step done, waiting for Ready", time.Minute, func() bool {
+		ev, err := lc.Events.Get(context.Background(), name, metav1.GetOptions{})
+		return err == nil && strings.Contains(stepStates(ev), "reboot=Done")
+	})
+}
+
+// TestReadinessBeforeUncordon: after a reboot the kubelet reports Ready,
+// but the device plugin's DaemonSet pod is not Ready yet and the node's
+// nvidia.com/gpu is 0 (not re-registered): the event waits, cordoned, its
+// status naming both, and ends Succeeded, uncordoned, only once both are
+// back to what they were at claim.
+func TestReadinessBeforeUncordon(t *testing.T) {
+	node := "ready-node"
+	r := newReadinessNode(t, node)
+	startAgent(t, node, agentOpts{retention: time.Hour})
+	r.startReboot("ready-1")
+	r.setPodReady(false)
+	r.setGPUs(0)
+	r.setReady(true)
+	lc := clients(t, env.AdminConfig())
+	want := []string{"DaemonSet ready-node/device-plugin has no Ready pod on the node", "allocatable nvidia.com/gpu is 0 of 8"}
+	var msg string
+	waitFor(t, "the event's status naming what is not back", time.Minute, func() bool {
+		ev, err := lc.Events.Get(context.Background(), "ready-1", metav1.GetOptions{})
+		if err != nil {
+			return false
+		}
+		msg = ev.Status.Message
+		return strings.Contains(msg, want[0]) && strings.Contains(msg, want[1])
+	})
+	if !getNode(t, node).Spec.Unschedulable {
+		t.Fatal("the node was uncordoned while its DaemonSet pod and GPUs were not back")
+	}
+	r.setPodReady(true)
+	time.Sleep(2 * time.Second) // one poll with the GPUs still missing
+	if ev, _ := lc.Events.Get(context.Background(), "ready-1", metav1.GetOptions{}); ev.Status.ClaimStatus.Finished() || !strings.Contains(ev.Status.Message, want[1]) || strings.Contains(ev.Status.Message, want[0]) {
+		t.Fatalf("with the pod Ready and the GPUs still 0: %s %q", ev.Status.ClaimStatus, ev.Status.Message)
+	}
+	r.setGPUs(8)
+	ev := waitEvent(t, "ready-1", time.Minute)
+	if ev.Status.ClaimStatus != v1alpha1.LifecycleEventSucceeded {
+		t.Fatalf("reboot ended %s: %s", ev.Status.ClaimStatus, ev.Status.Message)
+	}
+	if got := stepStates(ev); !strings.Contains(got, "wait-ready=Done,wait-workloads-ready=Done,uncordon=Done") {
+		t.Errorf("steps %s", got)
+	}
+	if getNode(t, node).Spec.Unschedulable {
+		t.Error("the node is still cordoned after the event succeeded")
+	}
+}
+
+// TestReadinessTimeout: the GPUs never come back. The event ends Failed
+// naming them; by default the node stays cordoned (its annotation naming
+// the event), with readiness.onTimeout uncordon it is given back.
+func TestReadinessTimeout(t *testing.T) {
+	for _, tc := range []struct {
+		name, onTimeout string
+		cordoned        bool
+	}{
+		{name: "keepCordoned", onTimeout: config.ReadinessKeepCordoned, cordoned: true},
+		{name: "uncordon", onTimeout: config.ReadinessUncordon, cordoned: false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			node := "ready-timeout-" + strings.ToLower(tc.name)
+			r := newReadinessNode(t, node)
+			startAgent(t, node, agentOpts{retention: time.Hour, configure: func(c *config.Config) {
+				c.Readiness.Timeout = 3 * time.Second
+				c.Readiness.OnTimeout = tc.onTimeout
+			}})
+			r.startReboot(node + "-1")
+			r.setGPUs(0)
+			r.setReady(true)
+			ev := waitEvent(t, node+"-1", time.Minute)
+			if ev.Status.ClaimStatus != v1alpha1.LifecycleEventFailed || !strings.Contains(ev.Status.Message, "not ready within 3s (readiness.timeout): allocatable nvidia.com/gpu is 0 of 8") {
+				t.Fatalf("event ended %s: %q; want Failed naming the GPUs", ev.Status.ClaimStatus, ev.Status.Message)
+			}
+			n := getNode(t, node)
+			if n.Spec.Unschedulable != tc.cordoned {
+				t.Errorf("node unschedulable=%v, want %v (readiness.onTimeout %s)", n.Spec.Unschedulable, tc.cordoned, tc.onTimeout)
+			}
+			if tc.cordoned && !strings.Contains(ev.Status.Message, "stays cordoned") {
+				t.Errorf("the message does not say the node stays cordoned: %q", ev.Status.Message)
+			}
+		})
+	}
+}
+
+// TestReadinessChecksOnServer: each check of package readiness against the
+// real API server with the node's own identity (the Node authorizer lets it
+// read its Node and list its pods): a condition with the wrong status, a
+// command that fails, and readinessChecks narrowing them.
+func TestReadinessChecksOnServer(t *testing.T) {
+	node := "ready-checks"
+	r := newReadinessNode(t, node)
+	ctx := context.Background()
+	api, err := apiclient.New(env.NodeConfig(node), node, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap, err := readiness.Take(ctx, api)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if snap.Allocatable["nvidia.com/gpu"] != 8 || !slices.Equal(snap.DaemonSets, []string{node + "/device-plugin"}) {
+		t.Fatalf("snapshot %+v", snap)
+	}
+	// node-problem-detector's condition, reporting a problem.
+	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		n, err := r.cs.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		n.Status.Conditions = append(n.Status.Conditions, corev1.NodeCondition{Type: "KernelDeadlock", Status: corev1.ConditionTrue, Reason: "DockerHung"})
+		_, err = r.cs.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := readiness.Config{Conditions: map[string]corev1.ConditionStatus{"KernelDeadlock": corev1.ConditionFalse},
+		Command: []string{"/bin/sh", "-c", "exit 3"}}
+	run := func(ctx context.Context, argv []string, timeout time.Duration) error {
+		return execCommand(ctx, argv, timeout)
+	}
+	all, err := cfg.Selected("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := cfg.NotReady(ctx, api, snap, all, run)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantAll := []string{"condition KernelDeadlock is True (DockerHung), want False", "readiness.command /bin/sh: exit status 3"}
+	if strings.Join(got, "|") != strings.Join(wantAll, "|") {
+		t.Errorf("not ready: %q, want %q", got, wantAll)
+	}
+	only, err := cfg.Selected("daemonsets,resources")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := cfg.NotReady(ctx, api, snap, only, run); err != nil || len(got) != 0 {
+		t.Errorf("daemonsets,resources: %q %v, want ready", got, err)
+	}
+	if _, err := cfg.Selected("daemonsets,disks"); err == nil || !strings.Contains(err.Error(), `parameters.readinessChecks: "disks" is not one of`) {
+		t.Errorf("a bad readinessChecks: %v", err)
+	}
+}
+
+// execCommand runs argv with a timeout, as the agent's host runner does.
+func execCommand(ctx context.Context, argv []string, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	return exec.CommandContext(ctx, argv[0], argv[1:]...).Run()
+}
