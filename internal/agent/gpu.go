@@ -125,6 +125,8 @@ func newGPUStack(cfg *config.Config, api *apiclient.Client, log *slog.Logger, cl
 		OperatorPausedValue: cfg.GPU.Operator.PausedValue, OperatorPodTimeout: cfg.GPU.Operator.PodTimeout,
 		// nvidia-smi: gpu.nvidiaSMI, or the driver root's (chroot).
 		SMIPath: smiPath, DriverRoot: driverRoot,
+		// The checks before the uncordon of a reset with drain.
+		Readiness: readinessOf(cfg, api, clk, true),
 		AfterReset: func([]string) {
 			if m := g.monitor.Load(); m != nil {
 				m.Rewatch()

@@ -204,6 +204,10 @@ type GPUReset struct {
 	OperatorPodPoll     time.Duration // 0 means DefaultGPUOperatorPodPoll
 	// Clock drives the waits; nil means the real clock.
 	Clock clock.Clock
+	// Readiness is the checks before the uncordon of a reset with drain
+	// (readiness.*): the device plugin's DaemonSet pod Ready again and
+	// nvidia.com/gpu back to its count at claim, among others.
+	Readiness Readiness
 	// ProcRoot and DevRoot locate /proc and /dev for the holder scan (""
 	// means the real ones).
 	ProcRoot, DevRoot string
@@ -293,13 +297,13 @@ func (d GPUReset) Plan(m map[string]string) ([]Step, error) {
 		Step{Name: gpuStepRestoreOperator, NeedsAPI: true, Run: run(p.restoreOperator)},
 	)
 	if p.drain {
-		steps = append(steps, Step{Name: gpuStepUncordon, NeedsAPI: true, Run: run(p.uncordon)})
+		steps = append(steps, d.Readiness.step(), Step{Name: gpuStepUncordon, NeedsAPI: true, Run: run(p.uncordon)})
 	}
 	return steps, nil
 }
 
 func (d GPUReset) parse(m map[string]string) (*gpuResetPlan, error) {
-	o, err := DrainOptionsFrom(m, DrainTiming{d.RetryDelay, d.DrainTimeout}, GPUResetParamGPUs, GPUResetParamDrain)
+	o, err := DrainOptionsFrom(m, DrainTiming{d.RetryDelay, d.DrainTimeout}, append([]string{GPUResetParamGPUs, GPUResetParamDrain}, d.Readiness.params()...)...)
 	errs := []error{err}
 	p := &gpuResetPlan{d: d, o: o}
 	if v, ok := m[GPUResetParamDrain]; ok {
@@ -1055,7 +1059,12 @@ func (d GPUReset) Abort(ctx context.Context, rt Runtime) error {
 	} else if msg != "" {
 		rt.Progress("abort: " + msg)
 	}
-	if ch := (Change{Kind: "cordon", Key: rt.Node()}); rt.Owns(ch) {
+	if kept := CordonKept(rt.Node()); rt.Owns(kept) {
+		// The readiness checks timed out with readiness.onTimeout
+		// keepCordoned: the cordon stays for an admin (see Readiness).
+		errs = append(errs, rt.Disown(Change{Kind: "cordon", Key: rt.Node()}), rt.Disown(kept))
+		rt.Progress("abort: the node stays cordoned (readiness.onTimeout: keepCordoned)")
+	} else if ch := (Change{Kind: "cordon", Key: rt.Node()}); rt.Owns(ch) {
 		if _, err := rt.API().Uncordon(ctx, rt.EventName(), false); err != nil {
 			errs = append(errs, fmt.Errorf("gpu-reset: abort: uncordon: %w", err))
 		} else if err := rt.Disown(ch); err != nil {

@@ -148,6 +148,14 @@ func (d GPUReset) Resolve(ctx context.Context, params map[string]string) (map[st
 		return nil, err
 	}
 	out[gpuResolvedLabels] = string(b)
+	if p.drain {
+		// The readiness snapshot: what the uncordon waits to see back.
+		if out, err = d.Readiness.resolve(ctx, out, func(msg string, args ...any) { d.log().Warn(msg, args...) }); err != nil {
+			return nil, err
+		}
+	} else if err := d.Readiness.validate(params); err != nil {
+		return nil, err
+	}
 	d.log().Info("gpu-reset plan fixed", "gpus", out[gpuResolvedGPUs], "group", out[gpuResolvedGroup], "route", route,
 		"services", out[gpuResolvedServices], "labels", out[gpuResolvedLabels])
 	return out, nil
@@ -288,7 +296,7 @@ func (d GPUReset) parseResolved(m map[string]string) (*gpuResetPlan, error) {
 		}
 	}
 	p := &gpuResetPlan{d: d, resolved: true}
-	o, err := DrainOptionsFrom(raw, DrainTiming{d.RetryDelay, d.DrainTimeout}, GPUResetParamGPUs, GPUResetParamDrain)
+	o, err := DrainOptionsFrom(raw, DrainTiming{d.RetryDelay, d.DrainTimeout}, append([]string{GPUResetParamGPUs, GPUResetParamDrain}, d.Readiness.params()...)...)
 	if err != nil {
 		return nil, err
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	corev1 "k8s.io/api/core/v1"
 	"log/slog"
 	"slices"
 	"strings"
@@ -483,7 +484,7 @@ var (
 	gpuStepsNoDrain = []string{"check-gpus", "pause-gpu-operator", "wait-gpu-operator-pods", "stop-gpu-services", "persistence-off", "gpu-reset",
 		"restore-persistence", "start-gpu-services", "wait-fabric", "verify-gpus", "restore-gpu-operator"}
 	gpuStepsDrain = []string{"check-gpus", "cordon", "evict", "wait-empty", "pause-gpu-operator", "wait-gpu-operator-pods", "stop-gpu-services", "persistence-off",
-		"gpu-reset", "restore-persistence", "start-gpu-services", "wait-fabric", "verify-gpus", "restore-gpu-operator", "uncordon"}
+		"gpu-reset", "restore-persistence", "start-gpu-services", "wait-fabric", "verify-gpus", "restore-gpu-operator", "wait-workloads-ready", "uncordon"}
 )
 
 func TestGPUResetIdentity(t *testing.T) {
@@ -1042,3 +1043,9 @@ func TestGPUResetCheck(t *testing.T) {
 		})
 	}
 }
+
+// GetNode and NodePods: nothing allocatable, no pods: the readiness
+// checks find nothing missing (tested on the real API server in test/e2e).
+func (a *gpuAPI) GetNode(context.Context) (*corev1.Node, error) { return &corev1.Node{}, nil }
+
+func (a *gpuAPI) NodePods(context.Context) ([]corev1.Pod, error) { return nil, nil }
