@@ -45,6 +45,10 @@ generate: ## deepcopy and CRDs (controller-gen, pinned in hack/tools)
 kubebin: ## build (cached) the test control plane: kube-apiserver, etcd, kube-controller-manager
 	hack/kubebin.sh
 
+.PHONY: nodebin
+nodebin: ## build (cached) a real node's parts for the VM image: kubelet, containerd, runc, CNI plugins, test images (needs gcc pkg-config libseccomp-dev)
+	hack/nodebin.sh
+
 prombin: ## build (cached) a real Prometheus for make test-prometheus (cold: about 12 CPU-minutes)
 	hack/prombin.sh
 

@@ -287,3 +287,27 @@ func execCommand(ctx context.Context, argv []string, timeout time.Duration) erro
 	defer cancel()
 	return exec.CommandContext(ctx, argv[0], argv[1:]...).Run()
 }
+
+// TestReadinessCancel: an event cancelled (deleted) while it waits for the
+// node's workloads ends without doing anything more, and what it owned is
+// undone: its cordon is lifted.
+func TestReadinessCancel(t *testing.T) {
+	node := "ready-cancel"
+	r := newReadinessNode(t, node)
+	startAgent(t, node, agentOpts{retention: time.Hour})
+	r.startReboot("ready-cancel-1")
+	r.setGPUs(0)
+	r.setReady(true)
+	lc := clients(t, env.AdminConfig())
+	waitFor(t, "the wait naming the GPUs", time.Minute, func() bool {
+		ev, err := lc.Events.Get(context.Background(), "ready-cancel-1", metav1.GetOptions{})
+		return err == nil && strings.Contains(ev.Status.Message, "allocatable nvidia.com/gpu is 0 of 8")
+	})
+	if err := lc.Events.Delete(context.Background(), "ready-cancel-1", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the cancelled event gone and the node uncordoned", time.Minute, func() bool {
+		_, err := lc.Events.Get(context.Background(), "ready-cancel-1", metav1.GetOptions{})
+		return err != nil && !getNode(t, node).Spec.Unschedulable
+	})
+}

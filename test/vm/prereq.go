@@ -21,10 +21,16 @@ var hostTools = map[string]string{
 	"python3":            "python3",
 	"dpkg-deb":           "dpkg",
 	"go":                 "golang (or Go from go.dev)",
+	// The real node's parts (hack/nodebin.sh: runc with seccomp, cgo).
+	"gcc":        "gcc",
+	"pkg-config": "pkg-config",
 }
 
+// hostHeaders maps a header the node parts' build needs to its package.
+var hostHeaders = map[string]string{"/usr/include/seccomp.h": "libseccomp-dev"}
+
 // HostPackages is the Debian package list the VM tests need on the host.
-const HostPackages = "qemu-system-x86 qemu-utils debootstrap e2fsprogs xz-utils openssh-client python3"
+const HostPackages = "qemu-system-x86 qemu-utils debootstrap e2fsprogs xz-utils openssh-client python3 gcc pkg-config libseccomp-dev"
 
 // RequireHostTools fails the test (never skips) when a host tool is
 // missing, naming the Debian packages to install. Building the image also
@@ -39,6 +45,15 @@ func RequireHostTools(t testing.TB) {
 	for tool, pkg := range hostTools {
 		if _, err := exec.LookPath(tool); err != nil {
 			missing = append(missing, tool)
+			if !seen[pkg] {
+				seen[pkg] = true
+				pkgs = append(pkgs, pkg)
+			}
+		}
+	}
+	for h, pkg := range hostHeaders {
+		if _, err := os.Stat(h); err != nil {
+			missing = append(missing, h)
 			if !seen[pkg] {
 				seen[pkg] = true
 				pkgs = append(pkgs, pkg)
