@@ -200,8 +200,9 @@ func Run(ctx context.Context, o Options) error {
 		return err
 	}
 	var gpu *gpuStack
+	var gpuErr error
 	if !o.NoGPU {
-		gpu = newGPUStack(cfg, api, log, clk)
+		gpu, gpuErr = newGPUStack(cfg, api, log, clk)
 	}
 	drv := append(builtinDrivers(cfg, log, clk, gpu != nil, api), o.ExtraDrivers...)
 	var unpublished []UnpublishedDriver
@@ -274,6 +275,14 @@ func Run(ctx context.Context, o Options) error {
 	}
 	if gpu != nil {
 		gpu.startMonitor(ctx, cfg, api, j, hostOps.BootID(), reboot, reg, log, clk)
+	} else if !o.NoGPU && gpuMayAppear(cfg, gpuErr) {
+		go waitForGPU(ctx, cfg, api, log, clk, gpuErr, func(g *gpuStack) {
+			context.AfterFunc(ctx, func() { _ = g.mgr.Shutdown() })
+			g.startMonitor(ctx, cfg, api, j, hostOps.BootID(), reboot, reg, log, clk)
+			if cfg.DriverEnabled(g.driver.Short(), true, false) {
+				eng.AddDriver(g.driver)
+			}
+		})
 	}
 	notify("READY", fmt.Sprintf("journal replayed: %d unfinished event(s)", len(unfinished)))
 	if o.Ready != nil {

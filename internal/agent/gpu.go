@@ -3,9 +3,11 @@ package agent
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"path/filepath"
 	"sync/atomic"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/utils/clock"
@@ -88,7 +90,26 @@ func GPUResetSMI(cfg *config.Config) (smiPath, driverRoot string) {
 	return smiPath, cfg.GPU.DriverRoot
 }
 
-func newGPUStack(cfg *config.Config, api *apiclient.Client, log *slog.Logger, clk clock.Clock) *gpuStack {
+// newGPUStack loads NVML and builds the GPU stack, logging why not when
+// it cannot (nil, and the reason).
+func newGPUStack(cfg *config.Config, api *apiclient.Client, log *slog.Logger, clk clock.Clock) (*gpuStack, error) {
+	g, err := loadGPUStack(cfg, api, log, clk)
+	switch {
+	case err == nil:
+	case errors.Is(err, devices.ErrNoNVML):
+		log.Info("no NVML on this host: the gpu-reset driver and GPU health are off")
+	case errors.Is(err, errNoDriverRootLibrary):
+		log.Warn("NVML not loaded: the gpu-reset driver and GPU health are off", "err", err)
+	default:
+		log.Warn("NVML failed to start: the gpu-reset driver and GPU health are off", "err", err)
+	}
+	return g, err
+}
+
+var errNoDriverRootLibrary = errors.New("no NVML library under gpu.driverRoot")
+
+// loadGPUStack is newGPUStack without the logging.
+func loadGPUStack(cfg *config.Config, api *apiclient.Client, log *slog.Logger, clk clock.Clock) (*gpuStack, error) {
 	dc := devices.Config{Logger: log, Clock: clk}
 	var test testGPU
 	if testNVML != nil {
@@ -99,8 +120,7 @@ func newGPUStack(cfg *config.Config, api *apiclient.Client, log *slog.Logger, cl
 	if dc.NVML == nil {
 		lib, err := NVMLLibrary(cfg)
 		if err != nil {
-			log.Warn("NVML not loaded: the gpu-reset driver and GPU health are off", "err", err)
-			return nil
+			return nil, fmt.Errorf("%w: %w", errNoDriverRootLibrary, err)
 		}
 		dc.LibraryPath = lib
 	}
@@ -109,12 +129,7 @@ func newGPUStack(cfg *config.Config, api *apiclient.Client, log *slog.Logger, cl
 		err = mgr.Init()
 	}
 	if err != nil {
-		if errors.Is(err, devices.ErrNoNVML) {
-			log.Info("no NVML on this host: the gpu-reset driver and GPU health are off")
-		} else {
-			log.Warn("NVML failed to start: the gpu-reset driver and GPU health are off", "err", err)
-		}
-		return nil
+		return nil, err
 	}
 	method, _ := devices.ParseResetMethod(cfg.GPU.ResetMethod)
 	g := &gpuStack{mgr: mgr}
@@ -136,7 +151,44 @@ func newGPUStack(cfg *config.Config, api *apiclient.Client, log *slog.Logger, cl
 		test.driver(&d)
 	}
 	g.driver = d
-	return g
+	return g, nil
+}
+
+// gpuRetryInterval is how often the agent tries NVML again while it may
+// still appear (gpuMayAppear).
+var gpuRetryInterval = 15 * time.Second
+
+// gpuMayAppear reports whether NVML, not loaded at start for reason err,
+// may load later without a restart: under a GPU Operator driver root the
+// operator starts the driver pod after the agent at every boot, and a
+// host's NVIDIA module may load after the agent (NVML then answers
+// DRIVER_NOT_LOADED or a version mismatch until it does). A host without
+// the NVIDIA library at all is taken as a node without GPUs.
+func gpuMayAppear(cfg *config.Config, err error) bool {
+	return cfg.GPU.DriverRoot != "" || !errors.Is(err, devices.ErrNoNVML)
+}
+
+// waitForGPU tries NVML every gpuRetryInterval until it loads or ctx
+// ends, then calls started with the stack (which starts the monitor and
+// publishes the gpu-reset driver): no restart needed when the driver
+// comes up after the agent.
+func waitForGPU(ctx context.Context, cfg *config.Config, api *apiclient.Client, log *slog.Logger, clk clock.Clock, why error, started func(*gpuStack)) {
+	log.Info("waiting for NVML: the gpu-reset driver and GPU health start once it loads", "every", gpuRetryInterval, "reason", why)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-clk.After(gpuRetryInterval):
+		}
+		g, err := loadGPUStack(cfg, api, log, clk)
+		if err != nil {
+			log.Debug("NVML still not loaded", "err", err)
+			continue
+		}
+		log.Info("NVML loaded after start: starting the gpu-reset driver and GPU health")
+		started(g)
+		return
+	}
 }
 
 // gpuRequestKey is a GPU's key among the journal's automatic requests.

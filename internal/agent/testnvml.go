@@ -53,11 +53,21 @@ const EnvTestGPUResetLog = "LIFECYCLE_AGENT_TEST_GPU_RESET_LOG"
 // GPUs: the test that proves the wiring shows that it then fails.
 const EnvTestNoGPUSession = "LIFECYCLE_AGENT_TEST_NO_GPU_SESSION"
 
+// EnvTestNVMLAfter names a file: until it exists the mock is not there
+// (as NVML under a GPU Operator driver root before the driver pod runs),
+// so a test sees the agent start its GPU stack once it appears.
+const EnvTestNVMLAfter = "LIFECYCLE_AGENT_TEST_NVML_AFTER"
+
 func init() {
 	testNVML = func(log *slog.Logger) (testGPU, bool) {
 		model := os.Getenv(EnvTestNVML)
 		if model == "" {
 			return testGPU{}, false
+		}
+		if after := os.Getenv(EnvTestNVMLAfter); after != "" {
+			if _, err := os.Stat(after); err != nil {
+				return testGPU{}, false
+			}
 		}
 		log.Warn("TEST BUILD: NVML is go-nvml's mock server, not the host's library", "model", model)
 		kernelLog = os.Getenv(EnvTestKernelLog)

@@ -237,7 +237,7 @@ func (e *Engine) claim(ctx context.Context, cached *v1alpha1.LifecycleEvent) (*a
 	if err != nil {
 		return nil, err
 	}
-	d, ok := e.drivers[lt.Spec.Driver]
+	d, ok := e.driverFor(lt.Spec.Driver)
 	if !ok {
 		return nil, nil // another driver host's (or a disabled driver): leave it
 	}
@@ -464,7 +464,7 @@ func (e *Engine) resume(r journal.EventRecord) (*active, error) {
 	if err := json.Unmarshal(r.Object, &ev); err != nil {
 		return nil, fmt.Errorf("decode snapshot: %w", err)
 	}
-	d, ok := e.drivers[r.Driver]
+	d, ok := e.driverFor(r.Driver)
 	if !ok {
 		// Disabled (or its hardware gone) since the claim: the event cannot
 		// go on, but it must not stay Claimed with its finalizer either.

@@ -70,9 +70,13 @@ const watchDegraded = 35 * time.Second
 
 // Engine runs this node's events.
 type Engine struct {
-	cfg     Config
-	log     *slog.Logger
-	drivers map[string]drivers.Driver
+	cfg Config
+	log *slog.Logger
+	// dmu guards drivers and cfg.Drivers: AddDriver adds to them after
+	// start (the GPU stack once NVML loads), the control socket reads them.
+	dmu       sync.RWMutex
+	drivers   map[string]drivers.Driver
+	republish bool // a driver was added: publish the transitions again
 
 	wake      chan struct{}
 	flushWake chan struct{}
@@ -272,6 +276,7 @@ func (e *Engine) Run(ctx context.Context) error {
 				e.log.Debug("listed this node's events after an outage", "events", len(fresh))
 			}
 		}
+		e.republishIfAdded(ctx)
 		if w.Synced() || fresh != nil {
 			if a := e.tryClaim(ctx, fresh); a != nil {
 				e.execute(ctx, a)
@@ -403,7 +408,7 @@ func (e *Engine) publish(ctx context.Context) error {
 		return err
 	}
 	var want []v1alpha1.LifecycleTransition
-	for _, d := range e.cfg.Drivers {
+	for _, d := range e.driverList() {
 		nodeName := e.cfg.Node
 		t := v1alpha1.LifecycleTransition{
 			ObjectMeta: metav1.ObjectMeta{Name: TransitionName(e.cfg.Node, d)},
@@ -416,6 +421,56 @@ func (e *Engine) publish(ctx context.Context) error {
 		want = append(want, t)
 	}
 	return e.cfg.API.PublishTransitions(ctx, node, want)
+}
+
+// AddDriver registers a driver after the engine started — the gpu-reset
+// driver once NVML loads, when the GPU Operator started the driver after
+// the agent — and has the engine publish its transition at its next turn.
+// A driver already registered under that name is left as it is.
+func (e *Engine) AddDriver(d drivers.Driver) {
+	e.dmu.Lock()
+	if _, ok := e.drivers[d.Name()]; !ok {
+		e.drivers[d.Name()] = d
+		e.cfg.Drivers = append(e.cfg.Drivers, d)
+		e.republish = true
+	}
+	e.dmu.Unlock()
+	poke(e.wake)
+}
+
+// driverList is a copy of the registered drivers, in registration order.
+func (e *Engine) driverList() []drivers.Driver {
+	e.dmu.RLock()
+	defer e.dmu.RUnlock()
+	return slices.Clone(e.cfg.Drivers)
+}
+
+// driverFor is the registered driver of that full name, if any.
+func (e *Engine) driverFor(name string) (drivers.Driver, bool) {
+	e.dmu.RLock()
+	defer e.dmu.RUnlock()
+	d, ok := e.drivers[name]
+	return d, ok
+}
+
+// republishIfAdded publishes the transitions again after AddDriver; a
+// failure is retried at the next turn.
+func (e *Engine) republishIfAdded(ctx context.Context) {
+	e.dmu.Lock()
+	again := e.republish
+	e.republish = false
+	e.dmu.Unlock()
+	if !again {
+		return
+	}
+	if err := e.publish(ctx); err != nil {
+		e.log.Warn("publishing the transitions of an added driver failed; will retry", "err", err)
+		e.dmu.Lock()
+		e.republish = true
+		e.dmu.Unlock()
+		return
+	}
+	e.log.Info("published the transitions again: a driver was added")
 }
 
 // TransitionName is the name of the transition the agent publishes for a driver.

@@ -43,7 +43,7 @@ func (e *Engine) Request(ctx context.Context, driver string, params map[string]s
 	d := e.driverByName(driver)
 	if d == nil {
 		var names []string
-		for _, x := range e.cfg.Drivers {
+		for _, x := range e.driverList() {
 			names = append(names, x.Short())
 		}
 		return RequestResult{}, fmt.Errorf("%w: %q (enabled: %s)", ErrUnknownDriver, driver, strings.Join(names, ", "))
@@ -81,7 +81,7 @@ func (e *Engine) Request(ctx context.Context, driver string, params map[string]s
 }
 
 func (e *Engine) driverByName(n string) drivers.Driver {
-	for _, d := range e.cfg.Drivers {
+	for _, d := range e.driverList() {
 		if d.Name() == n || d.Short() == n {
 			return d
 		}

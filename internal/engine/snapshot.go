@@ -67,7 +67,7 @@ func (e *Engine) Snapshot() Snapshot {
 		s.API.WatchSynced = e.watch.Synced()
 	}
 	e.mu.Unlock()
-	for _, d := range e.cfg.Drivers {
+	for _, d := range e.driverList() {
 		s.Drivers = append(s.Drivers, d.Name())
 	}
 	e.mu.Lock()

@@ -283,3 +283,70 @@ func TestGPUResetOperatorDriverRoot(t *testing.T) {
 		}
 	}
 }
+
+// TestGPUStackStartsLate: on a GPU Operator node the driver pod starts
+// after the agent at every boot, so NVML is not under gpu.driverRoot when
+// the agent starts. The real agent starts without its GPU stack, and once
+// the library appears (the test build's mock "appears" with a file) it
+// starts GPU health and publishes the gpu-reset transition — without a
+// restart — and a gpu-reset event then succeeds.
+func TestGPUStackStartsLate(t *testing.T) {
+	ctx := context.Background()
+	node := "gpu-late"
+	kubelet := chaosNode(t, node)
+	c := chaosCase(t, node, node+"-reset", "", env.NodeConfig(node))
+	root := filepath.Join(c.dir, "driver") // no libnvidia-ml.so.1 yet
+	if err := os.MkdirAll(root, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(c.config(), []byte(strings.Replace(chaosConfig, "gpu:\n", "gpu:\n  driverRoot: "+root+"\n", 1)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c.kubelet = kubelet
+	appears := filepath.Join(c.dir, "driver-up")
+	c.extraEnv = append(c.extraEnv, "LIFECYCLE_AGENT_TEST_NVML=dgxh100", "LIFECYCLE_AGENT_TEST_NVML_AFTER="+appears)
+	lc, err := apiclient.NewLifecycleClients(env.AdminConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs := kubernetes.NewForConfigOrDie(env.AdminConfig())
+	a := c.start(t, "")
+	defer func() { _ = a.stop(30 * time.Second) }()
+	waitFor(t, "the drain transition published", 60*time.Second, a, func() bool {
+		_, err := lc.Transitions.Get(ctx, node+"-drain", metav1.GetOptions{})
+		return err == nil
+	})
+	tn := node + "-gpu-reset"
+	if _, err := lc.Transitions.Get(ctx, tn, metav1.GetOptions{}); err == nil {
+		t.Fatal("the gpu-reset transition is published before NVML loaded")
+	}
+	if err := os.WriteFile(appears, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the gpu-reset transition published once NVML loads", 60*time.Second, a, func() bool {
+		_, err := lc.Transitions.Get(ctx, tn, metav1.GetOptions{})
+		return err == nil
+	})
+	waitFor(t, "GPUHealthy published", 30*time.Second, a, func() bool {
+		n, err := cs.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+		return err == nil && slices.ContainsFunc(n.Status.Conditions, func(c corev1.NodeCondition) bool {
+			return c.Type == devices.ConditionType && c.Status == corev1.ConditionTrue
+		})
+	})
+	ev := &v1alpha1.LifecycleEvent{ObjectMeta: metav1.ObjectMeta{Name: c.event},
+		Spec: v1alpha1.LifecycleEventSpec{TransitionName: tn, BindingNode: node, Parameters: map[string]string{"gpus": "0"}}}
+	if _, err := lc.Events.Create(ctx, ev, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var got *v1alpha1.LifecycleEvent
+	waitFor(t, "the gpu-reset to end", 2*time.Minute, a, func() bool {
+		got, err = lc.Events.Get(ctx, c.event, metav1.GetOptions{})
+		return err == nil && got.Status.CompletionTime != nil
+	})
+	if got.Status.ClaimStatus != v1alpha1.LifecycleEventSucceeded {
+		t.Fatalf("gpu-reset ended %s: %s", got.Status.ClaimStatus, got.Status.Message)
+	}
+	if a.exited() || !strings.Contains(a.logText(), "NVML loaded after start") {
+		t.Errorf("the agent did not start its GPU stack in place (exited %v)", a.exited())
+	}
+}
