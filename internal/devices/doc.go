@@ -50,8 +50,10 @@
 // RemappedRowsFailure, UncorrectableECC (volatile uncorrected > 0),
 // RecoveryAction=<X> (anything but NONE), FabricNotCompleted / FabricFailed
 // (NVSwitch systems only: a fabric state other than NOT_SUPPORTED and
-// NOT_STARTED, or an NVLink to an NVSwitch; a single SXM GPU without
-// NVSwitches reads NOT_STARTED and is healthy), and "XID <n>" for a latched
+// NOT_STARTED, an NVLink to an NVSwitch, or a switch in the nvidia-nvswitch
+// driver's device list /proc/driver/nvidia-nvswitch/devices — links not yet
+// trained before Fabric Manager runs hide the switches from NVML; a single
+// SXM GPU without NVSwitches reads NOT_STARTED and is healthy), and "XID <n>" for a latched
 // XID whose class is reset, reboot or replace (the class is in the details). A signal
 // answered with ERROR_NOT_SUPPORTED is unknown and listed, never unhealthy.
 // The Node condition is GPUHealthy: True/AllHealthy (or NoGPUs),

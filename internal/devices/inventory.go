@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -271,9 +272,23 @@ func (m *Manager) snapshot(lib nvml.Interface) (Snapshot, error) {
 		if g.NVSwitchLinks > 0 || (g.Fabric.Known && g.Fabric.State != FabricNotSupported && g.Fabric.State != FabricNotStarted) {
 			s.NVSwitch = true
 		}
+		if m.nvswitchPresent() {
+			s.NVSwitch = true // the switches are there, whatever the links say now
+		}
 		s.GPUs = append(s.GPUs, g)
 	}
 	return s, nil
+}
+
+// nvswitchPresent reports whether the nvidia-nvswitch driver lists any
+// NVSwitch (Config.NVSwitchDevices). An unreadable or absent list says
+// nothing: a host without the module has no NVSwitch.
+func (m *Manager) nvswitchPresent() bool {
+	if m.nvswitchDir == NoNVSwitchDevices {
+		return false
+	}
+	entries, err := os.ReadDir(m.nvswitchDir)
+	return err == nil && len(entries) > 0
 }
 
 type enumerated struct {

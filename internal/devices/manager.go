@@ -60,7 +60,21 @@ type Config struct {
 	FabricTimeout      time.Duration
 	// LogEvery rate-limits repeated warnings; 0 means DefaultLogEvery.
 	LogEvery time.Duration
+	// NVSwitchDevices is the nvidia-nvswitch driver's device list: an
+	// entry there makes the host an NVSwitch system whatever NVML's live
+	// fabric state and NVLink state say (links NOT_STARTED before Fabric
+	// Manager runs can hide the switches; NVIDIA's driver container looks
+	// here too). "" means DefaultNVSwitchDevices; NoNVSwitchDevices reads
+	// none (tests on a mock).
+	NVSwitchDevices string
 }
+
+// DefaultNVSwitchDevices is where the nvidia-nvswitch module lists the
+// NVSwitches of the host.
+const DefaultNVSwitchDevices = "/proc/driver/nvidia-nvswitch/devices"
+
+// NoNVSwitchDevices as Config.NVSwitchDevices reads no device list.
+const NoNVSwitchDevices = "-"
 
 // DefaultIgnoredXIDs returns the application XIDs the NVIDIA device plugin
 // ignores (internal/rm/health.go): 13 graphics engine exception, 31 GPU
@@ -80,10 +94,12 @@ type Library = nvml.Interface
 // so Shutdown (mu.Lock) never unloads the library under a running call. No
 // method takes the read lock twice on one goroutine.
 type Manager struct {
-	lib     nvml.Interface
-	log     *slog.Logger
-	clk     clock.Clock
-	ignored map[uint64]bool
+	// nvswitchDir is Config.NVSwitchDevices.
+	nvswitchDir string
+	lib         nvml.Interface
+	log         *slog.Logger
+	clk         clock.Clock
+	ignored     map[uint64]bool
 	// ignoredCfg is Config.IgnoredXIDs as given (nil: the table's default).
 	ignoredCfg []uint64
 	// libPath is Config.LibraryPath: named when it cannot be loaded.
@@ -136,6 +152,9 @@ func New(cfg Config) (*Manager, error) {
 	if cfg.LogEvery == 0 {
 		cfg.LogEvery = DefaultLogEvery
 	}
+	if cfg.NVSwitchDevices == "" {
+		cfg.NVSwitchDevices = DefaultNVSwitchDevices
+	}
 	if cfg.EventWait < time.Millisecond || cfg.FabricPollInterval < 0 || cfg.FabricTimeout < 0 || cfg.LogEvery < 0 {
 		return nil, errors.New("devices: config: EventWait must be ≥1ms and durations must not be negative")
 	}
@@ -155,6 +174,7 @@ func New(cfg Config) (*Manager, error) {
 		fabricTimeout: cfg.FabricTimeout,
 		xids:          map[string][]uint64{},
 		limit:         newLogLimiter(cfg.Clock, cfg.LogEvery),
+		nvswitchDir:   cfg.NVSwitchDevices,
 	}, nil
 }
 

@@ -101,6 +101,9 @@ type GPU struct {
 	ECCVolatileUncorrected uint64
 	RecoveryAction         devices.RecoveryAction
 
+	// NVLinksDown: every NVLink reports FEATURE_DISABLED (links not trained,
+	// e.g. before Fabric Manager ran), so NVML shows no link to a switch.
+	NVLinksDown bool
 	// FabricState is what GetGpuFabricInfo reports (DGX H100 only).
 	FabricState devices.FabricState
 	// FabricPollsAfterReset: after a reset the fabric reports IN_PROGRESS for
@@ -321,6 +324,9 @@ type Options struct {
 	FabricPollInterval time.Duration // 0: devices' default
 	FabricTimeout      time.Duration // 0: devices' default
 	EventWait          time.Duration // 0: 20 ms (the mock's Wait never blocks longer)
+	// NVSwitchDevices is the nvidia-nvswitch device list the Manager reads;
+	// "" reads none (never the host's).
+	NVSwitchDevices string
 }
 
 // Manager builds and initializes a devices.Manager over the fleet. The
@@ -335,7 +341,7 @@ func (f *Fleet) Manager(o Options) (*devices.Manager, error) {
 	}
 	m, err := devices.New(devices.Config{
 		NVML: f.srv, Logger: o.Logger, Clock: o.Clock, EventWait: o.EventWait,
-		FabricPollInterval: o.FabricPollInterval, FabricTimeout: o.FabricTimeout,
+		FabricPollInterval: o.FabricPollInterval, FabricTimeout: o.FabricTimeout, NVSwitchDevices: nvswitchDevices(o.NVSwitchDevices),
 	})
 	if err != nil {
 		return nil, err
@@ -344,6 +350,13 @@ func (f *Fleet) Manager(o Options) (*devices.Manager, error) {
 		return nil, err
 	}
 	return m, nil
+}
+
+func nvswitchDevices(p string) string {
+	if p == "" {
+		return devices.NoNVSwitchDevices
+	}
+	return p
 }
 
 // SMIRunner is a devices.CommandRunner that plays nvidia-smi for
@@ -958,7 +971,14 @@ func (f *Fleet) wireDevice(i int) {
 		if link >= links {
 			return 0, nvml.ERROR_INVALID_ARGUMENT
 		}
-		return nvml.FEATURE_ENABLED, read(func(*GPU) nvml.Return { return nvml.SUCCESS })
+		state := nvml.FEATURE_ENABLED
+		ret := read(func(g *GPU) nvml.Return {
+			if g.NVLinksDown {
+				state = nvml.FEATURE_DISABLED
+			}
+			return nvml.SUCCESS
+		})
+		return state, ret
 	}
 	d.GetNvLinkRemoteDeviceTypeFunc = func(int) (nvml.IntNvLinkDeviceType, nvml.Return) {
 		return nvml.NVLINK_DEVICE_TYPE_SWITCH, nvml.SUCCESS
