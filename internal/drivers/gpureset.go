@@ -298,8 +298,12 @@ func (d GPUReset) Plan(m map[string]string) ([]Step, error) {
 		Step{Name: gpuStepVerify, Run: run(p.verify)},
 		Step{Name: gpuStepRestoreOperator, NeedsAPI: true, Run: run(p.restoreOperator)},
 	)
+	// The node's workloads back — the GPU Operator's DaemonSet pods Ready
+	// again after their labels were restored, nvidia.com/gpu at its count —
+	// before the event says Succeeded (and before the uncordon of a drain).
+	steps = append(steps, d.Readiness.step())
 	if p.drain {
-		steps = append(steps, d.Readiness.step(), Step{Name: gpuStepUncordon, NeedsAPI: true, Run: run(p.uncordon)})
+		steps = append(steps, Step{Name: gpuStepUncordon, NeedsAPI: true, Run: run(p.uncordon)})
 	}
 	return steps, nil
 }

@@ -148,12 +148,8 @@ func (d GPUReset) Resolve(ctx context.Context, params map[string]string) (map[st
 		return nil, err
 	}
 	out[gpuResolvedLabels] = string(b)
-	if p.drain {
-		// The readiness snapshot: what the uncordon waits to see back.
-		if out, err = d.Readiness.resolve(ctx, out, func(msg string, args ...any) { d.log().Warn(msg, args...) }); err != nil {
-			return nil, err
-		}
-	} else if err := d.Readiness.validate(params); err != nil {
+	// The readiness snapshot: what the event waits to see back.
+	if out, err = d.Readiness.resolve(ctx, out, func(msg string, args ...any) { d.log().Warn(msg, args...) }); err != nil {
 		return nil, err
 	}
 	d.log().Info("gpu-reset plan fixed", "gpus", out[gpuResolvedGPUs], "group", out[gpuResolvedGroup], "route", route,

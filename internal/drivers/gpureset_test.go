@@ -483,7 +483,7 @@ func stepNamesOf(steps []drivers.Step) []string {
 
 var (
 	gpuStepsNoDrain = []string{"check-gpus", "pause-gpu-operator", "wait-gpu-operator-pods", "stop-gpu-services", "persistence-off", "gpu-reset",
-		"restore-persistence", "start-gpu-services", "wait-fabric", "verify-gpus", "restore-gpu-operator"}
+		"restore-persistence", "start-gpu-services", "wait-fabric", "verify-gpus", "restore-gpu-operator", "wait-workloads-ready"}
 	gpuStepsDrain = []string{"check-gpus", "cordon", "evict", "wait-empty", "pause-gpu-operator", "wait-gpu-operator-pods", "stop-gpu-services", "persistence-off",
 		"gpu-reset", "restore-persistence", "start-gpu-services", "wait-fabric", "verify-gpus", "restore-gpu-operator", "wait-workloads-ready", "uncordon"}
 )

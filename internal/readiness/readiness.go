@@ -88,7 +88,9 @@ func (c Config) Selected(param string) ([]string, error) {
 	switch strings.TrimSpace(param) {
 	case "":
 		if c.Enabled != nil {
-			return c.Enabled, nil
+			// The command check is configured by default and means nothing
+			// until readiness.command is set: not named then.
+			return slices.DeleteFunc(slices.Clone(c.Enabled), func(s string) bool { return s == CheckCommand && len(c.Command) == 0 }), nil
 		}
 		out := []string{CheckDaemonSets, CheckResources, CheckConditions}
 		if len(c.Command) > 0 {

@@ -18,6 +18,7 @@ func TestSelected(t *testing.T) {
 		{param: "", want: "daemonsets,resources,conditions"},
 		{cfg: withCmd, param: "", want: "daemonsets,resources,conditions,command"},
 		{cfg: Config{Enabled: []string{}}, param: "", want: ""},
+		{cfg: Config{Enabled: []string{"daemonsets", "command"}}, param: "", want: "daemonsets"},
 		{param: "none", want: ""},
 		{param: "resources, daemonsets,resources", want: "resources,daemonsets"},
 		{param: "command", wantErr: "readiness.command is not configured"},
