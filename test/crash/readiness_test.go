@@ -6,12 +6,8 @@ import (
 	"testing"
 	"time"
 
-	appsv1 "k8s.io/api/apps/v1"
-	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/util/retry"
 
 	"github.com/lifecycle-agent/lifecycle-agent/api/v1alpha1"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/apiclient"
@@ -32,20 +28,7 @@ func TestReadinessWaitAcrossCrash(t *testing.T) {
 	cs := kubernetes.NewForConfigOrDie(admin)
 	setGPUs := func(n int64) {
 		t.Helper()
-		err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-			nd, err := cs.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
-			if err != nil {
-				return err
-			}
-			if nd.Status.Allocatable == nil {
-				nd.Status.Allocatable, nd.Status.Capacity = corev1.ResourceList{}, corev1.ResourceList{}
-			}
-			nd.Status.Allocatable["nvidia.com/gpu"] = *resource.NewQuantity(n, resource.DecimalSI)
-			nd.Status.Capacity["nvidia.com/gpu"] = *resource.NewQuantity(n, resource.DecimalSI)
-			_, err = cs.CoreV1().Nodes().UpdateStatus(ctx, nd, metav1.UpdateOptions{})
-			return err
-		})
-		if err != nil {
+		if err := testenv.SetAllocatable(ctx, admin, node, "nvidia.com/gpu", n); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -56,21 +39,7 @@ func TestReadinessWaitAcrossCrash(t *testing.T) {
 		}
 	}
 	// A DaemonSet with its pod on the node (the stand-in makes it Ready).
-	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: node}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	labels := map[string]string{"app": "plugin"}
-	ds, err := cs.AppsV1().DaemonSets(node).Create(ctx, &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Name: "plugin"},
-		Spec: appsv1.DaemonSetSpec{Selector: &metav1.LabelSelector{MatchLabels: labels},
-			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: labels},
-				Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "p", Image: "lifecycle.test/pause:1"}}}}}}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	yes := true
-	if _, err := cs.CoreV1().Pods(node).Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "plugin-0", Labels: labels,
-		OwnerReferences: []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "DaemonSet", Name: ds.Name, UID: ds.UID, Controller: &yes}}},
-		Spec: corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "p", Image: "lifecycle.test/pause:1"}}}}, metav1.CreateOptions{}); err != nil {
+	if _, err := testenv.CreateDaemonSetPod(ctx, admin, node, "plugin", node, "lifecycle.test/pause:1"); err != nil {
 		t.Fatal(err)
 	}
 	setGPUs(8)

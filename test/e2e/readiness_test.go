@@ -8,9 +8,7 @@ import (
 	"testing"
 	"time"
 
-	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/util/retry"
@@ -38,25 +36,12 @@ func newReadinessNode(t *testing.T, node string) *readinessNode {
 	t.Helper()
 	newNode(t, node)
 	ctx := context.Background()
-	r := &readinessNode{t: t, cs: kubernetes.NewForConfigOrDie(env.AdminConfig()), node: node, ns: node, pod: "device-plugin-" + node}
-	if _, err := r.cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: r.ns}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	labels := map[string]string{"app": "device-plugin"}
-	ds, err := r.cs.AppsV1().DaemonSets(r.ns).Create(ctx, &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Name: "device-plugin"},
-		Spec: appsv1.DaemonSetSpec{Selector: &metav1.LabelSelector{MatchLabels: labels},
-			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: labels},
-				Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "p", Image: "lifecycle.test/pause:1"}}}}}}, metav1.CreateOptions{})
+	r := &readinessNode{t: t, cs: kubernetes.NewForConfigOrDie(env.AdminConfig()), node: node, ns: node}
+	pod, err := testenv.CreateDaemonSetPod(ctx, env.AdminConfig(), r.ns, "device-plugin", node, "lifecycle.test/pause:1")
 	if err != nil {
 		t.Fatal(err)
 	}
-	yes := true
-	_, err = r.cs.CoreV1().Pods(r.ns).Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: r.pod, Labels: labels,
-		OwnerReferences: []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "DaemonSet", Name: ds.Name, UID: ds.UID, Controller: &yes}}},
-		Spec: corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "p", Image: "lifecycle.test/pause:1"}}}}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	r.pod = pod
 	waitFor(t, "the DaemonSet pod Ready", 30*time.Second, func() bool { return r.podReady() })
 	r.setGPUs(8)
 	return r
@@ -99,20 +84,7 @@ func (r *readinessNode) setPodReady(ready bool) {
 // plugin's registration does.
 func (r *readinessNode) setGPUs(n int64) {
 	r.t.Helper()
-	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		node, err := r.cs.CoreV1().Nodes().Get(context.Background(), r.node, metav1.GetOptions{})
-		if err != nil {
-			return err
-		}
-		if node.Status.Allocatable == nil {
-			node.Status.Allocatable, node.Status.Capacity = corev1.ResourceList{}, corev1.ResourceList{}
-		}
-		node.Status.Allocatable["nvidia.com/gpu"] = *resource.NewQuantity(n, resource.DecimalSI)
-		node.Status.Capacity["nvidia.com/gpu"] = *resource.NewQuantity(n, resource.DecimalSI)
-		_, err = r.cs.CoreV1().Nodes().UpdateStatus(context.Background(), node, metav1.UpdateOptions{})
-		return err
-	})
-	if err != nil {
+	if err := testenv.SetAllocatable(context.Background(), env.AdminConfig(), r.node, "nvidia.com/gpu", n); err != nil {
 		r.t.Fatal(err)
 	}
 }
