@@ -10,6 +10,7 @@ import (
 
 	"k8s.io/utils/clock"
 
+	"github.com/lifecycle-agent/lifecycle-agent/internal/devices"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/readiness"
 )
 
@@ -108,14 +109,22 @@ func (r Readiness) step() Step {
 			rt.Progress("readiness checks skipped (none configured or parameters.readinessChecks: none)")
 			return nil
 		}
-		var snap readiness.Snapshot
+		cfg := r.Config
 		note := ""
+		if _, ok := cfg.Conditions[devices.ConditionType]; ok && rt.Host().Simulated() {
+			// Simulate mode performs no reset and no reboot: GPUHealthy
+			// cannot come back from what the agent only logged.
+			cfg.Conditions = maps.Clone(cfg.Conditions)
+			delete(cfg.Conditions, devices.ConditionType)
+			note = " (simulate: " + devices.ConditionType + " not required, the GPUs were not really reset)"
+		}
+		var snap readiness.Snapshot
 		if v, ok := rt.Params()[ResolvedReadiness]; ok {
 			if snap, err = readiness.Decode(v); err != nil {
 				return err
 			}
 		} else {
-			note = " (no claim-time snapshot: DaemonSets and extended resources compared against nothing)"
+			note += " (no claim-time snapshot: DaemonSets and extended resources compared against nothing)"
 		}
 		api := r.API
 		if api == nil {
@@ -143,7 +152,7 @@ func (r Readiness) step() Step {
 		last := ""
 		var lastErr error
 		for {
-			missing, err := r.Config.NotReady(ctx, api, snap, checks, run)
+			missing, err := cfg.NotReady(ctx, api, snap, checks, run)
 			lastErr = err
 			if err == nil && len(missing) == 0 {
 				rt.Progress("the node's workloads are ready: " + strings.Join(checks, ", "))
@@ -168,7 +177,7 @@ func (r Readiness) step() Step {
 		if last == "" && lastErr != nil {
 			msg = fmt.Sprintf("the node's workloads could not be checked within %s (readiness.timeout): %v", timeout, lastErr)
 		}
-		if !r.Config.Uncordon && rt.Owns(Change{Kind: "cordon", Key: rt.Node()}) {
+		if !cfg.Uncordon && rt.Owns(Change{Kind: "cordon", Key: rt.Node()}) {
 			msg += keptSuffix
 			// Journaled before the step fails: the abort then leaves the
 			// cordon (CordonKept), and a replay of this step fails again.
