@@ -92,8 +92,8 @@ VM_TEST_TIMEOUT ?= 60m
 # (b) 1m11s, (c) 2m54s, (d) 1m38s, (e) 1m13s, (f) 2m08s, (g) 2m03s +
 # 1m24s + 1m37s, (h) 1m02s, (i) 2m24s, (j) 2m13s, (k) 3m07s). Without the
 # test cache the Go part took 10m30s (test/e2e 7m30s, test/crash 3m13s,
-# test/packaging 2m01s, test/plugin 3m10s in parallel): about 41 minutes,
-# just over the 40-minute goal; (j) and (k) added 5m20s.
+# test/packaging 2m01s, test/plugin 42s, in parallel): about 40 minutes,
+# at the 40-minute goal; (j) and (k) added 5m20s.
 # VM_TESTS narrows it (a go test -run pattern) when working on one scenario.
 VM_TESTS ?= .
 
