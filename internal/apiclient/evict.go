@@ -19,6 +19,7 @@ import (
 	utilerrors "k8s.io/apimachinery/pkg/util/errors"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/kubectl/pkg/drain"
+	"k8s.io/kubectl/pkg/util/podutils"
 )
 
 // Budget-aware eviction. The drain library's own loop (DeleteOrEvictPods)
@@ -262,7 +263,8 @@ func (b *budgets) take(pod corev1.Pod, force bool) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	sel := b.selecting(pod)
-	if b.current && !force && podReady(pod) {
+	// A Ready pod is what the disruption controller counts healthy.
+	if b.current && !force && podutils.IsPodReady(&pod) {
 		for _, p := range sel {
 			if p.allowed <= 0 {
 				return false
@@ -275,17 +277,6 @@ func (b *budgets) take(pod corev1.Pod, force bool) bool {
 		}
 	}
 	return true
-}
-
-// podReady reports the pod's Ready condition, as the disruption controller
-// counts a pod healthy.
-func podReady(pod corev1.Pod) bool {
-	for _, c := range pod.Status.Conditions {
-		if c.Type == corev1.PodReady {
-			return c.Status == corev1.ConditionTrue
-		}
-	}
-	return false
 }
 
 // restore gives back what take took (the eviction failed for another

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/kubectl/pkg/util/podutils"
 )
 
 // The checks, as readinessChecks names them.
@@ -156,16 +157,10 @@ func daemonSetOf(p *corev1.Pod) string {
 	return ""
 }
 
+// podReady: running, not terminating, and Ready (kubectl's podutils
+// judges the condition, as the drain's budget cache does).
 func podReady(p *corev1.Pod) bool {
-	if p.DeletionTimestamp != nil || p.Status.Phase != corev1.PodRunning {
-		return false
-	}
-	for _, c := range p.Status.Conditions {
-		if c.Type == corev1.PodReady {
-			return c.Status == corev1.ConditionTrue
-		}
-	}
-	return false
+	return p.DeletionTimestamp == nil && p.Status.Phase == corev1.PodRunning && podutils.IsPodReady(p)
 }
 
 func readyDaemonSets(pods []corev1.Pod) []string {

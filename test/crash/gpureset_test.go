@@ -99,18 +99,7 @@ func runGPUWiringCase(t *testing.T, node, method, gpus string, noSession bool, w
 		t.Fatal(err)
 	}
 	cs := kubernetes.NewForConfigOrDie(admin)
-	health := func() string {
-		n, err := cs.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
-		if err != nil {
-			return "error: " + err.Error()
-		}
-		for _, cond := range n.Status.Conditions {
-			if cond.Type == devices.ConditionType {
-				return string(cond.Status) + "/" + cond.Reason
-			}
-		}
-		return "(none)"
-	}
+	health := func() string { return gpuHealthy(ctx, cs, node) }
 	a := c.start(t, "")
 	defer func() { _ = a.stop(30 * time.Second) }()
 	tn := node + "-gpu-reset"
@@ -121,16 +110,7 @@ func runGPUWiringCase(t *testing.T, node, method, gpus string, noSession bool, w
 	waitFor(t, "GPUHealthy False for GPU 0's recovery action", 60*time.Second, a, func() bool {
 		return strings.HasPrefix(health(), string(corev1.ConditionFalse)+"/")
 	}, health)
-	ev := &v1alpha1.LifecycleEvent{ObjectMeta: metav1.ObjectMeta{Name: c.event},
-		Spec: v1alpha1.LifecycleEventSpec{TransitionName: tn, BindingNode: node, Parameters: map[string]string{"gpus": gpus}}}
-	if _, err := lc.Events.Create(ctx, ev, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	var got *v1alpha1.LifecycleEvent
-	waitFor(t, "the gpu-reset to end", 2*time.Minute, a, func() bool {
-		got, err = lc.Events.Get(ctx, c.event, metav1.GetOptions{})
-		return err == nil && got.Status.CompletionTime != nil
-	})
+	got := runGPUReset(t, lc, c, a, tn, gpus)
 	var resets []string
 	if b, _ := os.ReadFile(resetLog); len(b) > 0 {
 		resets = strings.Split(strings.TrimSpace(string(b)), "\n")
@@ -257,16 +237,7 @@ func TestGPUResetOperatorDriverRoot(t *testing.T) {
 		_, err := lc.Transitions.Get(ctx, tn, metav1.GetOptions{})
 		return err == nil
 	})
-	ev := &v1alpha1.LifecycleEvent{ObjectMeta: metav1.ObjectMeta{Name: c.event},
-		Spec: v1alpha1.LifecycleEventSpec{TransitionName: tn, BindingNode: node, Parameters: map[string]string{"gpus": "0"}}}
-	if _, err := lc.Events.Create(ctx, ev, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	var got *v1alpha1.LifecycleEvent
-	waitFor(t, "the gpu-reset to end", 2*time.Minute, a, func() bool {
-		got, err = lc.Events.Get(ctx, c.event, metav1.GetOptions{})
-		return err == nil && got.Status.CompletionTime != nil
-	})
+	got := runGPUReset(t, lc, c, a, tn, "0")
 	if got.Status.ClaimStatus != v1alpha1.LifecycleEventSucceeded {
 		t.Fatalf("gpu-reset ended %s: %s\nagent log:\n%s", got.Status.ClaimStatus, got.Status.Message, tail(a.log, 40))
 	}
@@ -333,20 +304,30 @@ func TestGPUStackStartsLate(t *testing.T) {
 			return c.Type == devices.ConditionType && c.Status == corev1.ConditionTrue
 		})
 	})
-	ev := &v1alpha1.LifecycleEvent{ObjectMeta: metav1.ObjectMeta{Name: c.event},
-		Spec: v1alpha1.LifecycleEventSpec{TransitionName: tn, BindingNode: node, Parameters: map[string]string{"gpus": "0"}}}
-	if _, err := lc.Events.Create(ctx, ev, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	var got *v1alpha1.LifecycleEvent
-	waitFor(t, "the gpu-reset to end", 2*time.Minute, a, func() bool {
-		got, err = lc.Events.Get(ctx, c.event, metav1.GetOptions{})
-		return err == nil && got.Status.CompletionTime != nil
-	})
+	got := runGPUReset(t, lc, c, a, tn, "0")
 	if got.Status.ClaimStatus != v1alpha1.LifecycleEventSucceeded {
 		t.Fatalf("gpu-reset ended %s: %s", got.Status.ClaimStatus, got.Status.Message)
 	}
 	if a.exited() || !strings.Contains(a.logText(), "NVML loaded after start") {
 		t.Errorf("the agent did not start its GPU stack in place (exited %v)", a.exited())
 	}
+}
+
+// runGPUReset creates the case's gpu-reset event for gpus on transition tn
+// and waits (up to 2 minutes) until it has ended.
+func runGPUReset(t *testing.T, lc *apiclient.LifecycleClients, c *crashCase, a *agentProc, tn, gpus string) *v1alpha1.LifecycleEvent {
+	t.Helper()
+	ctx := context.Background()
+	ev := &v1alpha1.LifecycleEvent{ObjectMeta: metav1.ObjectMeta{Name: c.event},
+		Spec: v1alpha1.LifecycleEventSpec{TransitionName: tn, BindingNode: c.node, Parameters: map[string]string{"gpus": gpus}}}
+	if _, err := lc.Events.Create(ctx, ev, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var got *v1alpha1.LifecycleEvent
+	waitFor(t, "the gpu-reset to end", 2*time.Minute, a, func() bool {
+		var err error
+		got, err = lc.Events.Get(ctx, c.event, metav1.GetOptions{})
+		return err == nil && got.Status.CompletionTime != nil
+	})
+	return got
 }

@@ -41,18 +41,7 @@ func TestGPUXIDsAcrossCrash(t *testing.T) {
 	}
 	c.extraEnv = append(c.extraEnv, "LIFECYCLE_AGENT_TEST_NVML=dgxh100", "LIFECYCLE_AGENT_TEST_KERNEL_LOG="+klog)
 	cs := kubernetes.NewForConfigOrDie(env.AdminConfig())
-	health := func() string {
-		n, err := cs.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
-		if err != nil {
-			return "error: " + err.Error()
-		}
-		for _, cond := range n.Status.Conditions {
-			if cond.Type == devices.ConditionType {
-				return string(cond.Status) + "/" + cond.Reason
-			}
-		}
-		return "(none)"
-	}
+	health := func() string { return gpuHealthy(ctx, cs, node) }
 	a := c.start(t, "")
 	waitFor(t, "GPUHealthy False for the XID in the kernel log", 60*time.Second, a, func() bool {
 		return health() == string(corev1.ConditionFalse)+"/GPU2:XID79"
@@ -72,4 +61,19 @@ func TestGPUXIDsAcrossCrash(t *testing.T) {
 	if b, _ := os.ReadFile(a.log); !strings.Contains(string(b), "kernel log records were overwritten before the agent read them") {
 		t.Errorf("the restarted agent did not log the lost kernel log records:\n%s", tail(a.log, 40))
 	}
+}
+
+// gpuHealthy is the node's GPUHealthy condition as Status/Reason, "(none)"
+// or the read error.
+func gpuHealthy(ctx context.Context, cs kubernetes.Interface, node string) string {
+	n, err := cs.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+	if err != nil {
+		return "error: " + err.Error()
+	}
+	for _, cond := range n.Status.Conditions {
+		if cond.Type == devices.ConditionType {
+			return string(cond.Status) + "/" + cond.Reason
+		}
+	}
+	return "(none)"
 }
