@@ -254,6 +254,11 @@ func (b *budgets) selecting(pod corev1.Pod) []*budget {
 	return out
 }
 
+// PodReady reports whether pod's Ready condition is True, judged by
+// kubectl's podutils (the package that may import k8s.io/kubectl is this
+// one; internal/readiness asks here).
+func PodReady(pod *corev1.Pod) bool { return podutils.IsPodReady(pod) }
+
 // take reports whether to send pod's eviction now: when the cache is not
 // current, when force, when the pod is not Ready (the server judges an
 // unhealthy pod by the budget's unhealthyPodEvictionPolicy), or when
@@ -264,7 +269,7 @@ func (b *budgets) take(pod corev1.Pod, force bool) bool {
 	defer b.mu.Unlock()
 	sel := b.selecting(pod)
 	// A Ready pod is what the disruption controller counts healthy.
-	if b.current && !force && podutils.IsPodReady(&pod) {
+	if b.current && !force && PodReady(&pod) {
 		for _, p := range sel {
 			if p.allowed <= 0 {
 				return false

@@ -10,7 +10,8 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/kubectl/pkg/util/podutils"
+
+	"github.com/lifecycle-agent/lifecycle-agent/internal/apiclient"
 )
 
 // The checks, as readinessChecks names them.
@@ -157,10 +158,10 @@ func daemonSetOf(p *corev1.Pod) string {
 	return ""
 }
 
-// podReady: running, not terminating, and Ready (kubectl's podutils
-// judges the condition, as the drain's budget cache does).
+// podReady: running, not terminating, and Ready (kubectl's podutils,
+// through apiclient, judges the condition, as the drain's budget cache does).
 func podReady(p *corev1.Pod) bool {
-	return p.DeletionTimestamp == nil && p.Status.Phase == corev1.PodRunning && podutils.IsPodReady(p)
+	return p.DeletionTimestamp == nil && p.Status.Phase == corev1.PodRunning && apiclient.PodReady(p)
 }
 
 func readyDaemonSets(pods []corev1.Pod) []string {
