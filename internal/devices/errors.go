@@ -40,6 +40,13 @@ var (
 	ErrGPULost = errors.New("devices: GPU is lost")
 	// ErrNoPermission matches an *Error whose Return is ERROR_NO_PERMISSION.
 	ErrNoPermission = errors.New("devices: no permission")
+	// ErrDriverGone matches an *Error whose Return says the session no
+	// longer talks to a driver it can use — ERROR_DRIVER_NOT_LOADED (the
+	// module was unloaded), ERROR_LIB_RM_VERSION_MISMATCH (a driver of
+	// another version was loaded under the library), ERROR_UNINITIALIZED
+	// (the library lost its session) — and ErrNotInitialized: a new
+	// session (Manager.Reinit) is the only way back.
+	ErrDriverGone = errors.New("devices: NVML session lost its driver")
 )
 
 // Error is an nvml.Return converted to an error at the package edge. It names
@@ -80,8 +87,20 @@ func (e *Error) Is(target error) bool {
 		return e.Return == nvml.ERROR_GPU_IS_LOST
 	case ErrNoPermission:
 		return e.Return == nvml.ERROR_NO_PERMISSION
+	case ErrDriverGone:
+		return driverGone(e.Return)
 	}
 	return false
+}
+
+func driverGone(r nvml.Return) bool {
+	return r == nvml.ERROR_DRIVER_NOT_LOADED || r == nvml.ERROR_LIB_RM_VERSION_MISMATCH || r == nvml.ERROR_UNINITIALIZED
+}
+
+// DriverGone reports whether err means the NVML session must be opened
+// again (ErrDriverGone, or no session: ErrNotInitialized).
+func DriverGone(err error) bool {
+	return errors.Is(err, ErrDriverGone) || errors.Is(err, ErrNotInitialized)
 }
 
 // nvmlErr converts ret to an error; SUCCESS gives nil.

@@ -248,6 +248,21 @@ func (m *Manager) Shutdown() error {
 	return nil
 }
 
+// Reinit opens a new NVML session: Shutdown (its error logged, not
+// returned: a session whose driver went away may not close cleanly) and
+// Init, which loads the library again — after a driver upgrade, the new
+// one. Call it when a call failed with DriverGone; its error is Init's.
+func (m *Manager) Reinit() error {
+	if err := m.Shutdown(); err != nil {
+		m.log.Warn("closing the old NVML session failed; opening a new one anyway", "err", err)
+	}
+	if err := m.Init(); err != nil {
+		return err
+	}
+	m.log.Info("NVML session opened again")
+	return nil
+}
+
 // acquire takes the read lock when NVML is initialized. Callers defer the
 // returned release.
 func (m *Manager) acquire() (nvml.Interface, func(), error) {

@@ -394,6 +394,9 @@ func (m *Monitor) Check(ctx context.Context) devices.HealthReport {
 		return m.last
 	}
 	s, err := m.cfg.Devices.Snapshot()
+	if err != nil && devices.DriverGone(err) {
+		s, err = m.reopen(err)
+	}
 	var rep devices.HealthReport
 	var conds []apiclient.NodeCondition
 	if err != nil && m.goodRead && m.readFails+1 < ReadFailuresBeforeUnknown {
@@ -436,6 +439,29 @@ func (m *Monitor) Check(ctx context.Context) devices.HealthReport {
 	m.publish(ctx, conds...)
 	m.last = rep
 	return rep
+}
+
+// Reopener is what Devices implements when its NVML session can be
+// opened again (*devices.Manager.Reinit).
+type Reopener interface{ Reinit() error }
+
+// reopen answers a reading that failed because the NVML session lost its
+// driver (unloaded, or replaced by another version — the GPU Operator's
+// driver pod restarting — or a session released and never taken back):
+// it opens a new session, restarts the XID watcher on it and reads again.
+// When the driver is not back yet the reading fails as before, naming
+// both errors, and the next evaluation tries again: no restart needed.
+func (m *Monitor) reopen(readErr error) (devices.Snapshot, error) {
+	r, ok := m.cfg.Devices.(Reopener)
+	if !ok {
+		return devices.Snapshot{}, readErr
+	}
+	if err := r.Reinit(); err != nil {
+		return devices.Snapshot{}, fmt.Errorf("%w; opening a new NVML session: %w", readErr, err)
+	}
+	m.log.Info("NVML session reopened after the driver went away or changed", "after", readErr)
+	m.Rewatch() // the old watcher ended with the old session
+	return m.cfg.Devices.Snapshot()
 }
 
 // checkBaseline compares the snapshot with the baseline (starting it at

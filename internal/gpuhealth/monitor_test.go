@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -396,6 +397,49 @@ func TestCheckNVMLError(t *testing.T) {
 	}
 	if _, ok := e.metric(t, "lifecycle_agent_gpu_healthy", e.labels(0)); ok {
 		t.Error("gauges kept while NVML cannot be read")
+	}
+}
+
+// TestCheckReopensAfterDriverReload: the driver under the monitor's NVML
+// session is replaced (the GPU Operator's driver pod restarted with another
+// version): the monitor opens a new session and reads on, without a restart
+// and without an Unknown; while the driver is not loaded it reports Unknown
+// naming both errors, and recovers at the next evaluation once it is.
+func TestCheckReopensAfterDriverReload(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t, devicestest.DGXH100)
+	if rep := e.mon.Check(ctx); rep.Condition.Status != devices.ConditionTrue {
+		t.Fatalf("first reading: %+v", rep.Condition)
+	}
+	e.fleet.DriverReload(nvml.ERROR_LIB_RM_VERSION_MISMATCH)
+	for range ReadFailuresBeforeUnknown {
+		if rep := e.mon.Check(ctx); rep.Condition.Status != devices.ConditionTrue {
+			t.Fatalf("after a driver reload: %+v, want a new session and True", rep.Condition)
+		}
+	}
+	if got := e.sink.all(); len(got) != 1 {
+		t.Errorf("conditions written %+v, want only the first True", got)
+	}
+	if !e.fleet.SessionOpen() {
+		t.Error("no NVML session open after the reload")
+	}
+
+	e.fleet.FailInit(nvml.ERROR_DRIVER_NOT_LOADED) // unloaded, the new one not loaded yet
+	e.fleet.DriverReload(nvml.ERROR_DRIVER_NOT_LOADED)
+	for range ReadFailuresBeforeUnknown {
+		e.mon.Check(ctx)
+	}
+	got := e.sink.all()
+	if last := got[len(got)-1]; last.Status != corev1.ConditionUnknown || !strings.Contains(last.Message, "ERROR_DRIVER_NOT_LOADED") ||
+		!strings.Contains(last.Message, "opening a new NVML session") {
+		t.Fatalf("while the driver is not loaded: %+v, want Unknown naming the read and the reopen", last)
+	}
+	e.fleet.FailInit(nvml.SUCCESS)
+	if rep := e.mon.Check(ctx); rep.Condition.Status != devices.ConditionTrue {
+		t.Fatalf("once the driver is back: %+v, want True without a restart", rep.Condition)
+	}
+	if got := e.sink.all(); got[len(got)-1].Status != corev1.ConditionTrue {
+		t.Errorf("last condition written %+v, want True", got[len(got)-1])
 	}
 }
 

@@ -146,6 +146,7 @@ type Fleet struct {
 	held     []*os.File // the session's open device nodes
 	resetLog io.Writer  // LogResets
 	initFail nvml.Return
+	stale    nvml.Return // DriverReload: what the open session answers
 }
 
 // New builds a fleet of the given model with healthy, idle GPUs:
@@ -210,6 +211,20 @@ func (f *Fleet) FailInit(ret nvml.Return) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.initFail = ret
+}
+
+// DriverReload: the driver under the open NVML session went away or was
+// replaced, as the real library then behaves — every enumeration, handle
+// and event wait of that session answers ret (ERROR_DRIVER_NOT_LOADED,
+// ERROR_LIB_RM_VERSION_MISMATCH) until it is shut down; a new session
+// (Init) works again unless FailInit says otherwise. No open session: a
+// no-op.
+func (f *Fleet) DriverReload(ret nvml.Return) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.inits > 0 {
+		f.stale = ret
+	}
 }
 
 // Model is the fleet's model.
@@ -732,6 +747,9 @@ func (f *Fleet) wireServer() {
 	s.DeviceGetCountFunc = func() (int, nvml.Return) {
 		f.mu.Lock()
 		defer f.mu.Unlock()
+		if f.stale != nvml.SUCCESS {
+			return 0, f.stale
+		}
 		n := 0
 		for i := range f.gpus {
 			if visible(i) {
@@ -743,6 +761,9 @@ func (f *Fleet) wireServer() {
 	s.DeviceGetHandleByIndexFunc = func(index int) (nvml.Device, nvml.Return) {
 		f.mu.Lock()
 		defer f.mu.Unlock()
+		if f.stale != nvml.SUCCESS {
+			return nil, f.stale
+		}
 		for i := range f.gpus {
 			if !visible(i) {
 				continue
@@ -757,6 +778,9 @@ func (f *Fleet) wireServer() {
 	s.DeviceGetHandleByUUIDFunc = func(uuid string) (nvml.Device, nvml.Return) {
 		f.mu.Lock()
 		defer f.mu.Unlock()
+		if f.stale != nvml.SUCCESS {
+			return nil, f.stale
+		}
 		for i := range f.gpus {
 			if f.dev(i).UUID == uuid {
 				if !visible(i) {
@@ -796,6 +820,7 @@ func (f *Fleet) wireServer() {
 		}
 		f.inits--
 		if f.inits == 0 {
+			f.stale = nvml.SUCCESS
 			for _, fh := range f.held {
 				_ = fh.Close()
 			}
@@ -811,6 +836,12 @@ func (f *Fleet) wireServer() {
 		f.mu.Unlock()
 		return &mock.EventSet{
 			WaitFunc: func(ms uint32) (nvml.EventData, nvml.Return) {
+				f.mu.Lock()
+				stale := f.stale
+				f.mu.Unlock()
+				if stale != nvml.SUCCESS {
+					return nvml.EventData{}, stale
+				}
 				// The mock driver's own time, not the logic's: bounded and short.
 				t := time.NewTimer(min(time.Duration(ms)*time.Millisecond, 20*time.Millisecond))
 				defer t.Stop()

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+
 	"github.com/lifecycle-agent/lifecycle-agent/internal/devices"
 )
 
@@ -236,4 +238,46 @@ func TestStableUUIDs(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer m.Shutdown()
+}
+
+// TestDriverReload: a session whose driver was replaced answers
+// ERROR_LIB_RM_VERSION_MISMATCH to every read until it is closed, as the
+// real library does; Reinit opens a new one — refused with ErrNoNVML while
+// the driver is not loaded, working once it is — and the device nodes are
+// held again.
+func TestDriverReload(t *testing.T) {
+	f := New(DGXH100)
+	if _, err := f.DeviceNodes(t.TempDir()); err != nil {
+		t.Fatal(err)
+	}
+	m := manager(t, f)
+	f.DriverReload(nvml.ERROR_LIB_RM_VERSION_MISMATCH)
+	_, err := m.Snapshot()
+	if !errors.Is(err, devices.ErrDriverGone) || !devices.DriverGone(err) || !strings.Contains(err.Error(), "ERROR_LIB_RM_VERSION_MISMATCH") {
+		t.Fatalf("Snapshot on the old session: %v, want ErrDriverGone naming ERROR_LIB_RM_VERSION_MISMATCH", err)
+	}
+	if _, err := m.Snapshot(); !errors.Is(err, devices.ErrDriverGone) {
+		t.Fatalf("the old session recovered by itself: %v", err)
+	}
+	f.FailInit(nvml.ERROR_DRIVER_NOT_LOADED) // the new driver is not loaded yet
+	if err := m.Reinit(); !errors.Is(err, devices.ErrNoNVML) {
+		t.Fatalf("Reinit before the driver is back: %v, want ErrNoNVML", err)
+	}
+	if f.SessionOpen() {
+		t.Fatal("a session is open although Init failed")
+	}
+	if _, err := m.Snapshot(); !devices.DriverGone(err) {
+		t.Fatalf("Snapshot without a session: %v, want DriverGone", err)
+	}
+	f.FailInit(nvml.SUCCESS)
+	if err := m.Reinit(); err != nil {
+		t.Fatalf("Reinit with the driver back: %v", err)
+	}
+	s, err := m.Snapshot()
+	if err != nil || len(s.GPUs) != f.Len() {
+		t.Fatalf("Snapshot after Reinit: %d GPUs, %v; want %d", len(s.GPUs), err, f.Len())
+	}
+	if !f.SessionOpen() {
+		t.Error("no session open after Reinit")
+	}
 }
