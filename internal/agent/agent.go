@@ -275,10 +275,12 @@ func Run(ctx context.Context, o Options) error {
 	}
 	if gpu != nil {
 		gpu.startMonitor(ctx, cfg, api, j, hostOps.BootID(), reboot, reg, log, clk)
+		gpu.followDriverUpgrades(ctx, api, log)
 	} else if !o.NoGPU && gpuMayAppear(cfg, gpuErr) {
 		go waitForGPU(ctx, cfg, api, log, clk, gpuErr, func(g *gpuStack) {
 			context.AfterFunc(ctx, func() { _ = g.mgr.Shutdown() })
 			g.startMonitor(ctx, cfg, api, j, hostOps.BootID(), reboot, reg, log, clk)
+			g.followDriverUpgrades(ctx, api, log)
 			if cfg.DriverEnabled(g.driver.Short(), true, false) {
 				eng.AddDriver(g.driver)
 			}

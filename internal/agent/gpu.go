@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"path/filepath"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -30,6 +31,12 @@ type gpuStack struct {
 	// monitor is set by startMonitor, after the driver exists; the driver
 	// reads it from the engine's goroutine (session, AfterReset).
 	monitor atomic.Pointer[gpuhealth.Monitor]
+
+	// holdMu guards holds (reason → NVML released) and upgrading (the
+	// driver upgrade state while it has NVML released); see hold.
+	holdMu    sync.Mutex
+	holds     map[string]bool
+	upgrading string
 }
 
 // session is the agent's hold on the GPUs as the gpu-reset driver pauses
@@ -47,10 +54,14 @@ func (g *gpuStack) session() gpuhealth.Session {
 type stackSession struct{ g *gpuStack }
 
 func (s stackSession) Pause(ctx context.Context, release bool) error {
-	return s.g.session().Pause(ctx, release)
+	return s.g.hold(ctx, holdGPUReset, release)
 }
 
-func (s stackSession) Resume(ctx context.Context) error { return s.g.session().Resume(ctx) }
+func (s stackSession) Blocked() error { return s.g.blocked() }
+
+func (s stackSession) Resume(ctx context.Context) error {
+	return s.g.unhold(ctx, holdGPUReset, false, nil)
+}
 
 // testGPU is what a test build (tag lifecycle_testnvml) puts in place of
 // the host's GPUs: go-nvml's mock, and changes to the gpu-reset driver

@@ -149,6 +149,14 @@ func New(cfg *rest.Config, node string, timeout time.Duration) (*Client, error) 
 	return &Client{Node: node, Core: core, LC: lc, watchLC: wlc, evicts: rec, restCfg: c, contact: contact}, nil
 }
 
+// watchConfig is the client's rest.Config without the client-side timeout,
+// for watches (see New).
+func (c *Client) watchConfig() *rest.Config {
+	wc := rest.CopyConfig(c.restCfg)
+	wc.Timeout = 0
+	return wc
+}
+
 // Contact says when the agent last heard from the API server (see Contact).
 func (c *Client) Contact() ContactState { return c.contact.State() }
 

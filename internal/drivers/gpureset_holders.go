@@ -55,6 +55,13 @@ type GPUSession interface {
 	Resume(ctx context.Context) error
 }
 
+// GPUSessionBlocker is what a GPUSession implements when it can say that
+// no reset may be planned now (the agent's: the GPU Operator is replacing
+// the driver); Resolve then refuses the event with that error.
+type GPUSessionBlocker interface {
+	Blocked() error
+}
+
 // Owned-change kinds of the holder steps (see changeGPU*).
 const (
 	// changeGPUOperatorLabels, key gpu-operator-labels/<event>: the deploy

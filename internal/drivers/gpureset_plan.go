@@ -97,6 +97,11 @@ func (d GPUReset) Resolve(ctx context.Context, params map[string]string) (map[st
 			return nil, fmt.Errorf("%w: parameters.%s: the %q prefix is reserved for the plan fixed at claim", ErrBadParameter, k, gpuResolvedPrefix)
 		}
 	}
+	if b, ok := d.Session.(GPUSessionBlocker); ok {
+		if err := b.Blocked(); err != nil {
+			return nil, fmt.Errorf("gpu-reset: %w", err)
+		}
+	}
 	p, err := d.parse(params)
 	if err != nil {
 		return nil, err

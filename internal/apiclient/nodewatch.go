@@ -1,0 +1,64 @@
+package apiclient
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
+	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/tools/cache"
+)
+
+// WatchNodeLabel calls notify with the value of this Node's label key ("":
+// absent, or the Node gone) once the first list has been read and then at
+// every change of that value, until ctx ends. One informer over this Node
+// alone (fieldSelector metadata.name), on a connection without the
+// client-side timeout (watchConfig); notify runs on the informer's
+// goroutine, one call at a time.
+func (c *Client) WatchNodeLabel(ctx context.Context, key string, notify func(value string)) error {
+	core, err := corev1client.NewForConfig(c.watchConfig())
+	if err != nil {
+		return fmt.Errorf("apiclient: watch node label %s: %w", key, err)
+	}
+	sel := fields.OneTermEqualSelector("metadata.name", c.Node).String()
+	lw := &cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			o.FieldSelector = sel
+			return core.Nodes().List(ctx, o)
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			o.FieldSelector = sel
+			return core.Nodes().Watch(ctx, o)
+		},
+	}
+	var mu sync.Mutex
+	last, seen := "", false
+	h := func(obj any, gone bool) {
+		v := ""
+		if n, ok := obj.(*corev1.Node); ok && !gone {
+			v = n.Labels[key]
+		}
+		mu.Lock()
+		changed := !seen || v != last
+		last, seen = v, true
+		mu.Unlock()
+		if changed {
+			notify(v)
+		}
+	}
+	inf := cache.NewSharedIndexInformer(lw, &corev1.Node{}, 0, cache.Indexers{})
+	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(o any) { h(o, false) },
+		UpdateFunc: func(_, o any) { h(o, false) },
+		DeleteFunc: func(o any) { h(o, true) },
+	}); err != nil {
+		return fmt.Errorf("apiclient: watch node label %s: %w", key, err)
+	}
+	go inf.RunWithContext(ctx)
+	return nil
+}
