@@ -745,15 +745,25 @@ func TestGPUResetDrainFirst(t *testing.T) {
 func TestGPUResetFabricWait(t *testing.T) {
 	tests := []struct {
 		name    string
+		gpus    string // "" means "4,5"
 		polls   int
 		wantErr []string
 	}{
 		{name: "waits until completed", polls: 4},
 		{name: "fabric never registers", polls: 1000, wantErr: []string{"step wait-fabric failed", "timed out waiting for fabric registration"}},
+		// The whole set: the event ends only once every GPU's fabric has
+		// registered again, not the first one's.
+		{name: "gpus=all waits for every GPU", gpus: "all", polls: 4},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			e := newGPUEnv(t, devicestest.DGXH100, map[string]string{"gpus": "4,5"})
+			gpus, idx := tc.gpus, []int{4, 5}
+			if gpus == "" {
+				gpus = "4,5"
+			} else {
+				idx = []int{0, 1, 2, 3, 4, 5, 6, 7}
+			}
+			e := newGPUEnv(t, devicestest.DGXH100, map[string]string{"gpus": gpus})
 			e.fleet.Set(4, func(g *devicestest.GPU) { g.Persistence = true })
 			e.fleet.SetAll(func(g *devicestest.GPU) { g.FabricPollsAfterReset = tc.polls })
 			d := e.agent(devices.ResetMethodNVML)
@@ -788,7 +798,7 @@ func TestGPUResetFabricWait(t *testing.T) {
 			if res.crashed {
 				t.Fatal("crashed")
 			}
-			e.wantResets(e.fleet.UUIDs(4, 5))
+			e.wantResets(e.fleet.UUIDs(idx...))
 			e.wantRestored(4)
 			if tc.wantErr != nil {
 				if res.err == nil {
@@ -803,7 +813,7 @@ func TestGPUResetFabricWait(t *testing.T) {
 			if res.err != nil {
 				t.Fatalf("event: %v", res.err)
 			}
-			for _, i := range []int{4, 5} {
+			for _, i := range idx {
 				if st := e.fleet.GPU(i).FabricState; st != devices.FabricCompleted {
 					t.Errorf("GPU %d fabric %s, want COMPLETED", i, st)
 				}
@@ -811,8 +821,8 @@ func TestGPUResetFabricWait(t *testing.T) {
 			if waited := e.clk.Since(gpuEpoch); waited < time.Duration(tc.polls-1)*time.Second {
 				t.Errorf("clock advanced %s; the fabric needed %d polls", waited, tc.polls)
 			}
-			containsEach(t, "progress", e.rt.messages(), "NVSwitch system: waiting for fabric registration of 2 GPU(s)",
-				"fabric registration completed on 2 GPU(s)")
+			containsEach(t, "progress", e.rt.messages(), fmt.Sprintf("NVSwitch system: waiting for fabric registration of %d GPU(s)", len(idx)),
+				fmt.Sprintf("fabric registration completed on %d GPU(s)", len(idx)))
 		})
 	}
 }
