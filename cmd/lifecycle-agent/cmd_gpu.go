@@ -21,12 +21,16 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
+	"slices"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/spf13/cobra"
 
 	daemon "github.com/lifecycle-agent/lifecycle-agent/internal/agent"
+	"github.com/lifecycle-agent/lifecycle-agent/internal/apiclient"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/config"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/devices"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/drivers"
@@ -88,6 +92,9 @@ type gpuResetOptions struct {
 	DryRun bool
 	GPUs   string
 	Drain  bool
+
+	// operatorErr: the API client for the deploy labels could not be built.
+	operatorErr error
 }
 
 func newGPUResetCmd(e *env) *cobra.Command {
@@ -291,7 +298,7 @@ func writeInventory(out io.Writer, m *devices.Manager, o gpuInventoryOptions) er
 }
 
 // runGPUResetDryRun is `lifecycle-agent gpu reset --dry-run`.
-func runGPUResetDryRun(_ context.Context, e *env, o gpuResetOptions) (err error) {
+func runGPUResetDryRun(ctx context.Context, e *env, o gpuResetOptions) (err error) {
 	method, err := devices.ParseResetMethod(e.cfg.GPU.ResetMethod)
 	if err != nil {
 		return &exitError{code: exitUsage, err: err}
@@ -302,14 +309,27 @@ func runGPUResetDryRun(_ context.Context, e *env, o gpuResetOptions) (err error)
 	}
 	defer func() { err = errors.Join(err, m.Shutdown()) }()
 	smiPath, driverRoot := daemon.GPUResetSMI(e.cfg)
-	d := drivers.GPUReset{Devices: m, Method: method, Services: e.cfg.GPU.Services, Log: gpuLog(e), SMIPath: smiPath, DriverRoot: driverRoot}
-	return writeResetDryRun(e.stdout, d, o)
+	op := e.cfg.GPU.Operator
+	d := drivers.GPUReset{Devices: m, Method: method, Services: e.cfg.GPU.Services, Log: gpuLog(e), SMIPath: smiPath, DriverRoot: driverRoot,
+		OperatorComponents: op.Components, OperatorLabelPrefix: op.LabelPrefix, OperatorPausedValue: op.PausedValue}
+	if len(op.Components) > 0 {
+		// The deploy labels are the Node's: read them as the agent would
+		// (its kubeconfig). Unreachable, the plan says so and goes on.
+		if rc, err := apiclient.LoadConfig(e.cfg.Kubeconfig); err != nil {
+			o.operatorErr = err
+		} else if api, err := apiclient.New(rc, e.cfg.NodeName, e.cfg.APITimeout); err != nil {
+			o.operatorErr = err
+		} else {
+			d.Operator = api
+		}
+	}
+	return writeResetDryRun(ctx, e.stdout, d, o)
 }
 
 // writeResetDryRun runs the gpu-reset checks (drivers.GPUReset.Check:
 // nothing changes) and prints what a reset would do. It returns an error
 // when the reset would be refused now.
-func writeResetDryRun(out io.Writer, d drivers.GPUReset, o gpuResetOptions) error {
+func writeResetDryRun(ctx context.Context, out io.Writer, d drivers.GPUReset, o gpuResetOptions) error {
 	params := map[string]string{drivers.GPUResetParamGPUs: o.GPUs}
 	if o.Drain {
 		params[drivers.GPUResetParamDrain] = "true"
@@ -356,6 +376,17 @@ func writeResetDryRun(out io.Writer, d drivers.GPUReset, o gpuResetOptions) erro
 	if c.Drain {
 		fmt.Fprintf(w, "drain:\twould cordon and drain the node first, and uncordon it at the end\n")
 	}
+	fmt.Fprintf(w, "gpu operator:\t%s\n", operatorPlan(ctx, d, o.operatorErr))
+	if len(c.Holders) == 0 {
+		fmt.Fprintf(w, "holders now:\tnone\n")
+	}
+	for _, h := range c.Holders {
+		note := ""
+		if h.Comm == "lifecycle-agent" {
+			note = " (the agent: it lets go of its NVML session for the reset)"
+		}
+		fmt.Fprintf(w, "holder now:\t%s%s\n", h, note)
+	}
 	fmt.Fprintf(w, "inhibitor:\t%s (block) held during the reset\n", drivers.GPUInhibit)
 	fmt.Fprintf(w, "reset:\t%s\n", c.Resetter)
 	fmt.Fprintf(w, "steps:\t%s\n", strings.Join(c.Steps, ", "))
@@ -375,6 +406,31 @@ func writeResetDryRun(out io.Writer, d drivers.GPUReset, o gpuResetOptions) erro
 		return fmt.Errorf("the reset would be refused now: %d blocker(s)", len(c.Blockers))
 	}
 	return nil
+}
+
+// operatorPlan says what the reset would do to the GPU Operator's deploy
+// labels on this Node, read now.
+func operatorPlan(ctx context.Context, d drivers.GPUReset, apiErr error) string {
+	switch {
+	case len(d.OperatorComponents) == 0:
+		return "nothing to pause (gpu.operator.components is empty)"
+	case apiErr != nil:
+		return "deploy labels not read (" + apiErr.Error() + "): the claim reads them"
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	labels, err := d.OperatorLabels(ctx)
+	if err != nil {
+		return "deploy labels not read (" + err.Error() + "): the claim reads them"
+	}
+	if len(labels) == 0 {
+		return "no deploy label of gpu.operator.components on this Node: nothing to pause"
+	}
+	var set []string
+	for _, k := range slices.Sorted(maps.Keys(labels)) {
+		set = append(set, fmt.Sprintf("%s=%s (now %s)", k, d.PausedValue(), labels[k]))
+	}
+	return "would set " + strings.Join(set, ", ") + ", wait for those pods to go, and restore the values after the reset"
 }
 
 // onlyProcesses: with --drain, running processes are expected to end.

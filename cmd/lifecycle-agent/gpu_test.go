@@ -194,8 +194,12 @@ func TestGPUResetDryRunOutput(t *testing.T) {
 		method  devices.ResetMethod
 		opts    gpuResetOptions
 		setup   func(*devicestest.Fleet)
-		want    []string // %0, %1 … are UUIDs
+		want    []string // %0, %1 … are UUIDs; runs of spaces compare as one
 		wantErr string
+		// operator: the GPU Operator components device-plugin, dcgm-exporter
+		// and dcgm are configured and the Node's labels read from it.
+		operator *dryRunOperator
+		holders  []devices.Holder // the holder scan's result
 	}{
 		{name: "dgxh100 one GPU", model: devicestest.DGXH100, method: devices.ResetMethodSMI, opts: gpuResetOptions{GPUs: "1"},
 			setup: func(f *devicestest.Fleet) { f.Set(1, func(g *devicestest.GPU) { g.Persistence = true }) },
@@ -221,6 +225,20 @@ func TestGPUResetDryRunOutput(t *testing.T) {
 			want:    []string{"blocker:      %5 (index 5): MIG enabled"},
 			wantErr: "would be refused"},
 		{name: "bad selection is a usage error", model: devicestest.DGXH100, opts: gpuResetOptions{GPUs: "12"}, wantErr: "parameters.gpus"},
+		// What the claim would meet on a GPU Operator node: the deploy labels
+		// it would pause (read from the Node, not changed) and who holds the
+		// GPU's node now — the running agent among them, which lets go.
+		{name: "operator labels and holders", model: devicestest.DGXH100, method: devices.ResetMethodSMI, opts: gpuResetOptions{GPUs: "1"},
+			operator: &dryRunOperator{labels: map[string]string{"nvidia.com/gpu.deploy.device-plugin": "true",
+				"nvidia.com/gpu.deploy.dcgm-exporter": "true", "nvidia.com/gpu.deploy.driver": "true"}},
+			holders: []devices.Holder{{PID: 4242, Comm: "lifecycle-agent", Unit: "lifecycle-agent.service", Device: "/dev/nvidia1"},
+				{PID: 4343, Comm: "dcgm-exporter", Pod: "0c1f", Device: "/dev/nvidia1"}},
+			want: []string{"gpu operator: would set nvidia.com/gpu.deploy.dcgm-exporter=false (now true), nvidia.com/gpu.deploy.device-plugin=false (now true), wait for those pods to go, and restore the values after the reset",
+				"holder now: lifecycle-agent (pid 4242) holds /dev/nvidia1", "(the agent: it lets go of its NVML session for the reset)",
+				"holder now: dcgm-exporter (pid 4343) holds /dev/nvidia1"}},
+		{name: "operator labels unreadable", model: devicestest.DGXH100, method: devices.ResetMethodSMI, opts: gpuResetOptions{GPUs: "1"},
+			operator: &dryRunOperator{err: errors.New("apiclient: get node n1: connection refused")},
+			want:     []string{"gpu operator: deploy labels not read (gpu-reset: reading the Node's GPU Operator labels: apiclient: get node n1: connection refused): the claim reads them", "holders now: none"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -228,9 +246,13 @@ func TestGPUResetDryRunOutput(t *testing.T) {
 			if tc.setup != nil {
 				tc.setup(f)
 			}
-			d := drivers.GPUReset{Devices: m, Method: tc.method, Services: services}
+			d := drivers.GPUReset{Devices: m, Method: tc.method, Services: services,
+				FindHolders: func([]string) (devices.HolderScan, error) { return devices.HolderScan{Holders: tc.holders}, nil }}
+			if tc.operator != nil {
+				d.Operator, d.OperatorComponents = tc.operator, []string{"device-plugin", "dcgm-exporter", "dcgm"}
+			}
 			var out bytes.Buffer
-			err := writeResetDryRun(&out, d, tc.opts)
+			err := writeResetDryRun(context.Background(), &out, d, tc.opts)
 			switch {
 			case tc.wantErr == "" && err != nil:
 				t.Fatalf("dry run: %v", err)
@@ -241,19 +263,45 @@ func TestGPUResetDryRunOutput(t *testing.T) {
 			if tc.name == "bad selection is a usage error" && (!errors.As(err, &ee) || ee.code != exitUsage) {
 				t.Errorf("error %v, want exit code %d", err, exitUsage)
 			}
+			spaces := regexp.MustCompile(` +`)
+			got := spaces.ReplaceAllString(out.String(), " ")
 			for _, w := range tc.want {
 				for i := range f.Len() {
 					w = strings.ReplaceAll(w, fmt.Sprintf("%%%d", i), f.UUID(i))
 				}
-				if !strings.Contains(out.String(), w) {
+				if !strings.Contains(got, spaces.ReplaceAllString(w, " ")) {
 					t.Errorf("output does not contain %q:\n%s", w, out.String())
 				}
 			}
 			if calls := f.Calls(); len(calls) > 0 {
 				t.Errorf("the dry run changed the GPUs: %q", calls)
 			}
+			if tc.operator != nil && tc.operator.set > 0 {
+				t.Errorf("the dry run changed the Node's labels (%d patches)", tc.operator.set)
+			}
 		})
 	}
+}
+
+// dryRunOperator serves the Node's labels to the dry run and counts the
+// writes it must never make.
+type dryRunOperator struct {
+	labels map[string]string
+	err    error
+	set    int
+}
+
+func (o *dryRunOperator) NodeLabels(context.Context) (map[string]string, error) {
+	return o.labels, o.err
+}
+
+func (o *dryRunOperator) SetNodeLabels(context.Context, map[string]*string) error {
+	o.set++
+	return errors.New("dry run: no label may change")
+}
+
+func (o *dryRunOperator) PodsSelectingLabels(context.Context, []string) ([]string, error) {
+	return nil, errors.New("dry run: pods are not listed")
 }
 
 // gpu.driverRoot (the GPU Operator's /run/nvidia/driver): the gpu

@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"slices"
 	"strings"
 
@@ -41,6 +42,11 @@ type GPUResetCheck struct {
 	// Warnings do not refuse the reset but will likely make it fail, e.g.
 	// Fabric Manager left running on a pre-Hopper NVSwitch system.
 	Warnings []string
+	// Holders are the processes with a group GPU's device node open now,
+	// other than the caller (its own NVML session): the running agent, which
+	// lets go for the reset, the units of Services, the GPU Operator's
+	// pods, and whatever else would refuse the reset at its step.
+	Holders []devices.Holder
 }
 
 // inspect reads the group, its preconditions and fabric state. Read-only.
@@ -124,8 +130,28 @@ func (d GPUReset) Check(params map[string]string) (GPUResetCheck, error) {
 	if prefix != "" {
 		c.Resetter = strings.Replace(c.Resetter, "run ", "run "+prefix, 1)
 	}
+	paths, err := d.holderPaths(c.Group.UUIDs)
+	if err != nil {
+		return c, err
+	}
+	scan, err := d.findHolders(paths)
+	if err != nil {
+		return c, fmt.Errorf("gpu-reset: listing holders of %s: %w", strings.Join(paths, ", "), err)
+	}
+	self := os.Getpid()
+	c.Holders = slices.DeleteFunc(scan.Holders, func(h devices.Holder) bool { return h.PID == self })
 	return c, nil
 }
+
+// OperatorLabels reads the GPU Operator deploy labels that a reset would
+// pause on this Node now (gpu.operator.*; the claim journals the same
+// read), label → current value; none without Operator or components.
+func (d GPUReset) OperatorLabels(ctx context.Context) (map[string]string, error) {
+	return d.labelsToPause(ctx)
+}
+
+// PausedValue is the value OperatorLabels' labels would be set to.
+func (d GPUReset) PausedValue() string { return d.pausedValue() }
 
 // summary is the check step's status line.
 func (c GPUResetCheck) summary() string {
