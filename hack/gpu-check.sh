@@ -25,11 +25,54 @@
 # operator's own idle node (docs/gpu.md). On a borrowed GPU machine run this
 # script and nothing else.
 #
+# On a GPU Operator node the driver, nvidia-smi and their libraries live in
+# the driver pod, whose root the host sees at /run/nvidia/driver: set
+# DRIVER_ROOT (or pass --driver-root DIR) and every nvidia-smi runs as
+# `chroot DIR nvidia-smi`, and the agent loads NVML from DIR
+# (LIFECYCLE_AGENT_GPU_DRIVER_ROOT, gpu.driverRoot). Without it, a host
+# with no nvidia-smi but a /run/nvidia/driver holding one uses that root.
+#
 # Output goes to stdout and, file by file, to $OUT (default: a temp dir).
 # Exit status: 0 all checks passed; 1 a check failed; 3 no NVML on this host.
 set -uo pipefail
 
 cd "$(dirname "$0")/.." || exit 1
+DRIVER_ROOT=${DRIVER_ROOT:-}
+case ${1:-} in
+--driver-root)
+	DRIVER_ROOT=${2:?--driver-root needs a directory}
+	shift 2
+	;;
+--driver-root=*)
+	DRIVER_ROOT=${1#--driver-root=}
+	shift
+	;;
+"") ;;
+*)
+	echo "gpu-check.sh: unknown argument $1 (usage: gpu-check.sh [--driver-root DIR])" >&2
+	exit 2
+	;;
+esac
+if [ -z "$DRIVER_ROOT" ] && ! command -v nvidia-smi >/dev/null && [ -x /run/nvidia/driver/usr/bin/nvidia-smi ]; then
+	DRIVER_ROOT=/run/nvidia/driver
+fi
+if [ -n "$DRIVER_ROOT" ]; then
+	if [ ! -x "$DRIVER_ROOT/usr/bin/nvidia-smi" ]; then
+		echo "gpu-check.sh: driver root $DRIVER_ROOT has no usr/bin/nvidia-smi" >&2
+		exit 2
+	fi
+	export LIFECYCLE_AGENT_GPU_DRIVER_ROOT=$DRIVER_ROOT
+fi
+# nvidia-smi: the host's, or the driver root's run inside it (as the agent's
+# route nvidia-smi-in:<root> and NVIDIA's own remediation tools run it).
+nvidia-smi() {
+	if [ -n "$DRIVER_ROOT" ]; then
+		chroot "$DRIVER_ROOT" nvidia-smi "$@"
+	else
+		command nvidia-smi "$@"
+	fi
+}
+have_smi() { [ -n "$DRIVER_ROOT" ] || command -v nvidia-smi >/dev/null; }
 OUT=${OUT:-$(mktemp -d)}
 mkdir -p "$OUT"
 DIR=${GPU_CHECK_DIR:-bin/gpu-check}
@@ -59,7 +102,7 @@ run() {
 # the GPU. Fields a driver does not know make nvidia-smi fail; fall back to
 # a smaller set.
 smi_state() {
-	command -v nvidia-smi >/dev/null || return 0
+	have_smi || return 0
 	nvidia-smi --query-gpu=index,uuid,pci.bus_id,persistence_mode,mig.mode.current,compute_mode,clocks.applications.graphics,clocks.applications.memory,power.limit \
 		--format=csv,noheader 2>/dev/null ||
 		nvidia-smi --query-gpu=index,uuid,pci.bus_id,persistence_mode,mig.mode.current --format=csv,noheader 2>/dev/null
@@ -78,7 +121,8 @@ run version "$BIN" --version
 
 step "host (read-only)"
 uname -a
-if command -v nvidia-smi >/dev/null; then
+echo "driver root: ${DRIVER_ROOT:-none, the host driver}"
+if have_smi; then
 	run nvidia-smi-L nvidia-smi -L
 	nvidia-smi --query-gpu=index,uuid,name,pci.bus_id,driver_version,persistence_mode,mig.mode.current,ecc.errors.uncorrected.volatile.total,retired_pages.pending \
 		--format=csv 2>/dev/null || true
@@ -120,7 +164,7 @@ run dry-run-0-drain "$BIN" gpu reset --dry-run --gpus 0 --drain
 [ "$rc" -le 1 ] || fail "gpu reset --dry-run --gpus 0 --drain exited $rc"
 
 step "the agent's inventory against nvidia-smi -q -x"
-if command -v nvidia-smi >/dev/null && nvidia-smi -q -x >"$OUT/smi.xml" 2>"$OUT/smi.err"; then
+if have_smi && nvidia-smi -q -x >"$OUT/smi.xml" 2>"$OUT/smi.err"; then
 	run compare "$HELPER" compare "$OUT/inventory-json.out" "$OUT/smi.xml"
 	[ "$rc" -eq 0 ] || fail "the agent's inventory differs from nvidia-smi's ($rc)"
 else
@@ -135,7 +179,7 @@ for i in 1 2 3; do
 	echo "lifecycle-agent gpu inventory --json, whole process, run $i:"
 	time "$BIN" gpu inventory --json >/dev/null 2>&1
 done
-if command -v nvidia-smi >/dev/null; then
+if have_smi; then
 	echo "nvidia-smi -q, for comparison:"
 	time nvidia-smi -q >/dev/null 2>&1
 fi
