@@ -88,8 +88,15 @@ func (r Readiness) validate(m map[string]string) error {
 	return nil
 }
 
+// ReadinessWaiting begins the progress message of StepWaitWorkloads that
+// names what is not back yet. While the step runs, the engine makes such a
+// message the Node's MaintenanceInProgress message too, so the Node says
+// why it is still cordoned; both change only when that message does.
+const ReadinessWaiting = "waiting for the node's workloads before the uncordon: "
+
 // step waits until readiness.Config.NotReady lists nothing, bounded by
-// readiness.timeout. The event's status names what is not back yet (a
+// readiness.timeout. The event's status (and, through the engine, the
+// Node's MaintenanceInProgress condition) names what is not back yet (a
 // write only when that changes). A timeout fails the step naming what
 // never became ready; unless readiness.onTimeout is uncordon, the cordon
 // is first disowned, so the abort leaves the node cordoned (its annotation
@@ -161,7 +168,7 @@ func (r Readiness) step() Step {
 			if err == nil {
 				if msg := strings.Join(missing, "; "); msg != last {
 					last = msg
-					rt.Progress("waiting for the node's workloads before the uncordon: " + msg)
+					rt.Progress(ReadinessWaiting + msg)
 				}
 			}
 			if !clk.Now().Before(deadline) {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/lifecycle-agent/lifecycle-agent/api/v1alpha1"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/apiclient"
+	"github.com/lifecycle-agent/lifecycle-agent/internal/drivers"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/journal"
 )
 
@@ -125,6 +126,7 @@ func (a *active) eventConditions(end journal.Outcome) []apiclient.NodeCondition 
 	a.statusMu.Lock()
 	steps := append([]v1alpha1.StepStatus(nil), a.status.Steps...)
 	start, stop := a.status.Driver.Start, a.status.Driver.End
+	current, message := a.status.CurrentStep, a.status.Message
 	a.statusMu.Unlock()
 	if start == "" {
 		start, stop = a.driver.Start(), a.driver.End()
@@ -213,7 +215,13 @@ func (a *active) eventConditions(end journal.Outcome) []apiclient.NodeCondition 
 	if maint && maintStarted {
 		switch end {
 		case running:
-			out = append(out, cond(v1alpha1.NodeConditionMaintenanceInProgress, true, cause, msg("in progress")))
+			what := "in progress"
+			if current == drivers.StepWaitWorkloads && state[current] == v1alpha1.StepRunning && strings.HasPrefix(message, drivers.ReadinessWaiting) {
+				// What the node waits for before its uncordon (the step's
+				// progress, written when it changes: see Progress).
+				what += ": " + message
+			}
+			out = append(out, cond(v1alpha1.NodeConditionMaintenanceInProgress, true, cause, msg(what)))
 		case journal.OutcomeSucceeded:
 			out = append(out, cond(v1alpha1.NodeConditionMaintenanceInProgress, false, ReasonMaintenanceCompleted, msg("complete")))
 		default:

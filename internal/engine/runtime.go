@@ -33,6 +33,14 @@ func (r *stepRuntime) Progress(msg string) {
 	step := r.a.status.CurrentStep
 	r.a.statusMu.Unlock()
 	_ = r.e.pushStatus(r.a)
+	if step == drivers.StepWaitWorkloads {
+		// Its progress names what the node waits for, which the Node's
+		// MaintenanceInProgress names too (eventConditions); pushNode
+		// queues a write only when the conditions change. The readiness
+		// step reports from its own (the engine's) goroutine, so lastNode
+		// is not raced; other steps report from several.
+		_ = r.e.pushNode(r.a, running)
+	}
 	r.e.log.Info("progress", "event", r.a.name, "step", step, "message", msg)
 }
 
