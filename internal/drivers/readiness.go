@@ -96,13 +96,26 @@ const ReadinessWaiting = "waiting for the node's workloads before the uncordon: 
 
 // step waits until readiness.Config.NotReady lists nothing, bounded by
 // readiness.timeout. The event's status (and, through the engine, the
-// Node's MaintenanceInProgress condition) names what is not back yet (a
-// write only when that changes). A timeout fails the step naming what
-// never became ready; unless readiness.onTimeout is uncordon, the cordon
-// is first disowned, so the abort leaves the node cordoned (its annotation
-// still names the event) for an admin to give back.
+// Node's MaintenanceInProgress condition) names what is not back yet: a
+// write only when that changes, or when the API server stops or starts
+// answering, never one per poll.
+//
+// An API error is not the end of the wait: the step retries it at every
+// poll until readiness.timeout, as it waits for anything else. It is not a
+// NeedsAPI step for that reason: the engine would retry a step whose error
+// reads as an outage from the start, with a fresh readiness.timeout, and
+// the final error names the API error (wrapped), which reads so. Each poll
+// is bounded by the deadline too, so an API server that does not answer
+// (a blackhole) cannot stretch the wait past readiness.timeout by the
+// client's own request timeout.
+//
+// A timeout fails the step naming what never became ready, as last read,
+// and the API error of the last poll when that poll failed; unless
+// readiness.onTimeout is uncordon, the cordon is first marked kept, so the
+// abort leaves the node cordoned (its annotation still names the event)
+// for an admin to give back.
 func (r Readiness) step() Step {
-	return Step{Name: StepWaitWorkloads, NeedsAPI: true, Run: func(ctx context.Context, rt Runtime) error {
+	return Step{Name: StepWaitWorkloads, Run: func(ctx context.Context, rt Runtime) error {
 		if kept := CordonKept(rt.Node()); rt.Owns(kept) {
 			// The wait timed out before a restart and kept the cordon: the
 			// same end again, nothing checked twice.
@@ -156,20 +169,41 @@ func (r Readiness) step() Step {
 		interval := orDefault(r.PollInterval, DefaultPollInterval)
 		deadline := clk.Now().Add(timeout)
 		rt.Progress(fmt.Sprintf("checking the node's workloads before the uncordon (%s, up to %s)%s", strings.Join(checks, ", "), timeout, note))
-		last := ""
-		var lastErr error
+		shown := ""      // the progress message last written
+		missing := ""    // what was not ready at the last poll that read the API
+		var apiErr error // the last poll's error; nil when it read the API
+		down := false    // the last poll failed
 		for {
-			missing, err := cfg.NotReady(ctx, api, snap, checks, run)
-			lastErr = err
-			if err == nil && len(missing) == 0 {
-				rt.Progress("the node's workloads are ready: " + strings.Join(checks, ", "))
-				return nil
+			pctx, cancel := context.WithDeadline(ctx, deadline)
+			notReady, err := cfg.NotReady(pctx, api, snap, checks, run)
+			cancel()
+			if ctx.Err() != nil {
+				return ctx.Err()
 			}
+			apiErr = err
 			if err == nil {
-				if msg := strings.Join(missing, "; "); msg != last {
-					last = msg
-					rt.Progress(ReadinessWaiting + msg)
+				if len(notReady) == 0 {
+					rt.Progress("the node's workloads are ready: " + strings.Join(checks, ", "))
+					return nil
 				}
+				missing = strings.Join(notReady, "; ")
+			}
+			// The message changes with what is missing and when the API
+			// server stops answering (with its first error), not with every
+			// failed poll's error.
+			msg := ReadinessWaiting + missing
+			switch {
+			case err != nil && down:
+				msg = shown
+			case err != nil && missing == "":
+				msg = fmt.Sprintf("waiting for the node's workloads before the uncordon: the API server does not answer (retrying until readiness.timeout): %v", err)
+			case err != nil:
+				msg += fmt.Sprintf(" (as last read; the API server does not answer, retrying until readiness.timeout: %v)", err)
+			}
+			down = err != nil
+			if msg != shown {
+				shown = msg
+				rt.Progress(msg)
 			}
 			if !clk.Now().Before(deadline) {
 				break
@@ -180,18 +214,23 @@ func (r Readiness) step() Step {
 			case <-clk.After(interval):
 			}
 		}
-		msg := fmt.Sprintf("the node's workloads were not ready within %s (readiness.timeout): %s", timeout, last)
-		if last == "" && lastErr != nil {
-			msg = fmt.Sprintf("the node's workloads could not be checked within %s (readiness.timeout): %v", timeout, lastErr)
+		var failure error
+		switch {
+		case apiErr != nil && missing == "":
+			failure = fmt.Errorf("the node's workloads could not be checked within %s (readiness.timeout): %w", timeout, apiErr)
+		case apiErr != nil:
+			failure = fmt.Errorf("the node's workloads were not ready within %s (readiness.timeout): %s, as last read before the API server stopped answering: %w", timeout, missing, apiErr)
+		default:
+			failure = fmt.Errorf("the node's workloads were not ready within %s (readiness.timeout): %s", timeout, missing)
 		}
 		if !cfg.Uncordon && rt.Owns(Change{Kind: "cordon", Key: rt.Node()}) {
-			msg += keptSuffix
 			// Journaled before the step fails: the abort then leaves the
 			// cordon (CordonKept), and a replay of this step fails again.
 			if err := rt.Own(CordonKept(rt.Node())); err != nil {
 				return err
 			}
+			return fmt.Errorf("%w%s", failure, keptSuffix)
 		}
-		return errors.New(msg)
+		return failure
 	}}
 }

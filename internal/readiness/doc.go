@@ -35,4 +35,36 @@
 //
 // The per-event parameter readinessChecks narrows or skips them: "none",
 // or a comma list of daemonsets, resources, conditions, command.
+//
+// # The wait (drivers.Readiness, step wait-workloads-ready)
+//
+// What is not ready is said where a user looks: the event's status message
+// and, while the step runs, the Node's MaintenanceInProgress message (the
+// engine appends the step's progress when it begins with
+// drivers.ReadinessWaiting). Both are written when the list of what is
+// missing changes, and when the API server stops answering (once, with
+// its first error) or answers again — never once per poll: a 10-minute wait
+// on a 2 s poll must not cost 300 status and Node writes.
+//
+// An API error is transient. NotReady returns it (it cannot judge a Node it
+// could not read); the wait keeps what it read last and polls again until
+// readiness.timeout. Decisions:
+//
+//   - the step is not a NeedsAPI step: the engine retries those when their
+//     error reads as an outage, and the timeout's error names the last API
+//     error (wrapped with %w), which reads so — a retry would start a fresh
+//     readiness.timeout, forever under a long outage (with keepCordoned it
+//     would instead fail with "decided before the agent restarted",
+//     dropping what was missing);
+//   - each poll is bounded by the wait's deadline, so an API server that
+//     accepts connections and never answers cannot stretch the wait by the
+//     client's request timeout;
+//   - the timeout's message names what was missing as last read and, only
+//     when the last poll failed, that poll's error: an outage that healed
+//     minutes before is not why the node is not ready. No successful read
+//     at all says "could not be checked", with the error.
+//
+// The status written during an outage is queued in the journal's outbox
+// and delivered when the API server answers again, so a user mostly sees
+// it in the agent's log ("progress" lines) and in the final message.
 package readiness

@@ -1,0 +1,172 @@
+package drivers
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/lifecycle-agent/lifecycle-agent/internal/readiness"
+)
+
+// pollClock is a fake clock whose After fires at once, having moved the
+// time on by the wait: each poll of the readiness wait is one interval
+// later than the one before, without the test pacing it.
+type pollClock struct{ *clocktesting.FakeClock }
+
+func (c pollClock) After(d time.Duration) <-chan time.Time {
+	c.Step(d)
+	ch := make(chan time.Time, 1)
+	ch <- c.Now()
+	return ch
+}
+
+// pollState is what one poll of the readiness wait reads: the node's
+// allocatable GPUs, whether the DaemonSet pod is Ready, or an API error.
+type pollState struct {
+	gpus    int64
+	dsReady bool
+	err     error
+}
+
+// scriptedAPI answers the n-th poll (GetNode, then NodePods) with
+// script[n], and the last entry from then on.
+type scriptedAPI struct {
+	mu     sync.Mutex
+	script []pollState
+	polls  int
+}
+
+func (a *scriptedAPI) now() pollState {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.script[min(a.polls, len(a.script)-1)]
+}
+
+func (a *scriptedAPI) GetNode(ctx context.Context) (*corev1.Node, error) {
+	s := a.now()
+	if s.err != nil {
+		a.mu.Lock()
+		a.polls++ // a failed poll reads no pods
+		a.mu.Unlock()
+		return nil, s.err
+	}
+	return &corev1.Node{Status: corev1.NodeStatus{Allocatable: corev1.ResourceList{
+		"nvidia.com/gpu": *resource.NewQuantity(s.gpus, resource.DecimalSI)}}}, nil
+}
+
+func (a *scriptedAPI) NodePods(ctx context.Context) ([]corev1.Pod, error) {
+	s := a.now()
+	a.mu.Lock()
+	a.polls++
+	a.mu.Unlock()
+	ready := corev1.ConditionFalse
+	if s.dsReady {
+		ready = corev1.ConditionTrue
+	}
+	yes := true
+	return []corev1.Pod{{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "kube-system", Name: "cni-x",
+			OwnerReferences: []metav1.OwnerReference{{Kind: "DaemonSet", Name: "cni", Controller: &yes}}},
+		Status: corev1.PodStatus{Phase: corev1.PodRunning, Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: ready}}},
+	}}, nil
+}
+
+// readinessRun runs the readiness step against script, with the claim-time
+// snapshot "8 GPUs and kube-system/cni Ready", polling every second.
+func readinessRun(t *testing.T, timeout time.Duration, cordoned bool, script ...pollState) (*fakeRuntime, error) {
+	t.Helper()
+	rt := newFake()
+	snap := readiness.Snapshot{Allocatable: map[string]int64{"nvidia.com/gpu": 8}, DaemonSets: []string{"kube-system/cni"}}
+	rt.params = map[string]string{ResolvedReadiness: snap.Encode()}
+	if cordoned {
+		if err := rt.Own(Change{Kind: "cordon", Key: rt.node}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r := Readiness{Config: readiness.Config{Timeout: timeout}, API: &scriptedAPI{script: script},
+		PollInterval: time.Second, Clock: pollClock{clocktesting.NewFakeClock(time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC))}}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	return rt, r.step().Run(ctx, rt)
+}
+
+var errRefused = errors.New("dial tcp 10.0.0.1:6443: connect: connection refused")
+
+// The wait writes the event's status (and so the Node's condition) when
+// what is missing changes, or when the API server stops answering — not at
+// every poll — and an outage in the middle does not end it.
+func TestReadinessProgressOnChange(t *testing.T) {
+	both := pollState{gpus: 0}
+	gpus := pollState{gpus: 0, dsReady: true}
+	down := func(i int) pollState {
+		return pollState{err: errors.New(errRefused.Error() + strings.Repeat(" again", i))}
+	}
+	rt, err := readinessRun(t, time.Hour, true,
+		both, both, both, gpus, gpus, down(0), down(1), down(2), gpus, gpus, pollState{gpus: 8, dsReady: true})
+	if err != nil {
+		t.Fatalf("the wait ended %v; want ready after the outage", err)
+	}
+	ds := "DaemonSet kube-system/cni has no Ready pod on the node"
+	gpu := "allocatable nvidia.com/gpu is 0 of 8"
+	want := []string{
+		"checking the node's workloads before the uncordon (daemonsets, resources, conditions, up to 1h0m0s)",
+		ReadinessWaiting + ds + "; " + gpu,
+		ReadinessWaiting + gpu,
+		ReadinessWaiting + gpu + " (as last read; the API server does not answer, retrying until readiness.timeout: readiness: reading the Node: " + errRefused.Error() + ")",
+		ReadinessWaiting + gpu,
+		"the node's workloads are ready: daemonsets, resources, conditions",
+	}
+	if got := rt.allProgress(); got != strings.Join(want, "\n") {
+		t.Errorf("progress:\n%s\nwant:\n%s", got, strings.Join(want, "\n"))
+	}
+}
+
+// When readiness.timeout passes during an outage, the step fails naming
+// what was not ready as last read and the last poll's API error, wrapped.
+func TestReadinessTimeoutDuringOutage(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		script   []pollState
+		cordoned bool
+		want     string
+	}{
+		{
+			name:     "after a read",
+			script:   []pollState{{gpus: 0, dsReady: true}, {err: errRefused}},
+			cordoned: true,
+			want: "the node's workloads were not ready within 10s (readiness.timeout): allocatable nvidia.com/gpu is 0 of 8, " +
+				"as last read before the API server stopped answering: readiness: reading the Node: " + errRefused.Error() + keptSuffix,
+		},
+		{
+			name:   "never read",
+			script: []pollState{{err: errRefused}},
+			want:   "the node's workloads could not be checked within 10s (readiness.timeout): readiness: reading the Node: " + errRefused.Error(),
+		},
+		{
+			name:   "read again before the timeout",
+			script: []pollState{{err: errRefused}, {gpus: 0, dsReady: true}},
+			want:   "the node's workloads were not ready within 10s (readiness.timeout): allocatable nvidia.com/gpu is 0 of 8",
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rt, err := readinessRun(t, 10*time.Second, tc.cordoned, tc.script...)
+			if err == nil || err.Error() != tc.want {
+				t.Fatalf("err = %v\nwant %s", err, tc.want)
+			}
+			if apiDown := tc.script[len(tc.script)-1].err != nil; errors.Is(err, errRefused) != apiDown {
+				t.Errorf("errors.Is(err, the API error) = %v, want %v", !apiDown, apiDown)
+			}
+			if kept := rt.Owns(CordonKept(rt.node)); kept != tc.cordoned {
+				t.Errorf("cordon kept = %v, want %v", kept, tc.cordoned)
+			}
+		})
+	}
+}
