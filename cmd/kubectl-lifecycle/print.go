@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/duration"
@@ -46,7 +47,31 @@ func (f *outputFlags) printer() (printers.ResourcePrinter, error) {
 	if err != nil {
 		return nil, usageErr("-o %s: want wide, json, yaml, name, jsonpath=TEMPLATE or go-template=TEMPLATE", f.format())
 	}
+	if f.format() == "name" {
+		return itemsPrinter{p}, nil
+	}
 	return p, nil
+}
+
+// itemsPrinter prints a list item by item, as kubectl get -o name does:
+// cli-runtime's name printer refuses a typed list ("list types are not
+// supported by name printing").
+type itemsPrinter struct{ printers.ResourcePrinter }
+
+func (p itemsPrinter) PrintObj(obj runtime.Object, w io.Writer) error {
+	if !meta.IsListType(obj) {
+		return p.ResourcePrinter.PrintObj(obj, w)
+	}
+	items, err := meta.ExtractList(obj)
+	if err != nil {
+		return err
+	}
+	for _, it := range items {
+		if err := p.ResourcePrinter.PrintObj(it, w); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // typed sets apiVersion and kind on list items, which typed clients leave

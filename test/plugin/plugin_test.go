@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -128,6 +129,31 @@ func TestDrainRebootUncordon(t *testing.T) {
 		t.Errorf("history: %d Succeeded events, want at least 2 (drain, uncordon)", got)
 	}
 	wantContains(t, r.stdout, "Failed", "history (the bad-parameter drain)")
+
+	// -o name, as the help advertises, on each listing command: one
+	// kind/name line per object (it failed on every list before).
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"status", node, "-o", "name"}, "lifecycleevent.lifecycle.x-k8s.io/" + drainEv.Name},
+		{[]string{"history", node, "-o", "name"}, "lifecycleevent.lifecycle.x-k8s.io/" + drainEv.Name},
+		{[]string{"transitions", node, "-o", "name"}, "lifecycletransition.lifecycle.x-k8s.io/" + node + "-drain"},
+		{[]string{"status", drainEv.Name, "-o", "name"}, "lifecycleevent.lifecycle.x-k8s.io/" + drainEv.Name},
+	} {
+		what := strings.Join(tc.args, " ")
+		r = plugin(t, 30*time.Second, tc.args...)
+		wantExit(t, r, 0, what)
+		lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+		if !slices.Contains(lines, tc.want) {
+			t.Errorf("%s: no line %q in:\n%s", what, tc.want, r.stdout)
+		}
+		for _, l := range lines {
+			if !strings.Contains(l, ".lifecycle.x-k8s.io/") || strings.ContainsAny(l, " \t") {
+				t.Errorf("%s: line %q is not kind.group/name", what, l)
+			}
+		}
+	}
 
 	// status NODE lists every lifecycle condition the Node has, those a
 	// queued event (MaintenancePlanned) and the GPU check write included.
