@@ -92,7 +92,9 @@ func Binaries(ctx context.Context, log io.Writer) (string, error) {
 	return strings.TrimSpace(out.String()), nil
 }
 
-func freePort() (int, error) {
+// freePort is a port free now; a variable so that a test can hand out a
+// taken one (TestStartRetriesTakenPort).
+var freePort = func() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return 0, err
@@ -156,39 +158,38 @@ func Start(ctx context.Context, opts Options) (_ *Env, err error) {
 		return nil, err
 	}
 
-	// etcd
-	ec, err := freePort()
-	if err != nil {
-		return nil, err
-	}
-	ep, err := freePort()
-	if err != nil {
-		return nil, err
-	}
-	e.etcdURL = fmt.Sprintf("http://127.0.0.1:%d", ec)
-	peer := fmt.Sprintf("http://127.0.0.1:%d", ep)
-	if err := e.start(ctx, "etcd", filepath.Join(bin, "etcd"),
-		"--name", "default", "--data-dir", filepath.Join(e.Dir, "etcd-data"),
-		"--listen-client-urls", e.etcdURL, "--advertise-client-urls", e.etcdURL,
-		"--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-		"--initial-cluster", "default="+peer, "--log-level", "warn",
-		"--unsafe-no-fsync", "--quota-backend-bytes", strconv.Itoa(2<<30)); err != nil {
-		return nil, err
-	}
-	if err := e.waitHTTP(ctx, "etcd", e.etcdURL+"/health", nil, func(b []byte) bool { return bytes.Contains(b, []byte(`"health":"true"`)) }); err != nil {
+	// etcd, on ports picked free just before: another test process may
+	// take one in between (go test runs packages in parallel), so a start
+	// that fails binding is tried again on new ports.
+	if err := e.startRetryingPorts(ctx, "etcd", func(attempt int) error {
+		ec, err := freePort()
+		if err != nil {
+			return err
+		}
+		ep, err := freePort()
+		if err != nil {
+			return err
+		}
+		e.etcdURL = fmt.Sprintf("http://127.0.0.1:%d", ec)
+		peer := fmt.Sprintf("http://127.0.0.1:%d", ep)
+		if err := e.start(ctx, "etcd", filepath.Join(bin, "etcd"),
+			"--name", "default", "--data-dir", filepath.Join(e.Dir, fmt.Sprintf("etcd-data-%d", attempt)),
+			"--listen-client-urls", e.etcdURL, "--advertise-client-urls", e.etcdURL,
+			"--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+			"--initial-cluster", "default="+peer, "--log-level", "warn",
+			"--unsafe-no-fsync", "--quota-backend-bytes", strconv.Itoa(2<<30)); err != nil {
+			return err
+		}
+		return e.waitHTTP(ctx, "etcd", e.etcdURL+"/health", nil, func(b []byte) bool { return bytes.Contains(b, []byte(`"health":"true"`)) })
+	}); err != nil {
 		return nil, err
 	}
 
-	// kube-apiserver
-	port, err := freePort()
-	if err != nil {
-		return nil, err
-	}
-	e.URL = fmt.Sprintf("https://127.0.0.1:%d", port)
+	// kube-apiserver (its port chosen at each attempt, as etcd's)
 	pk := e.pki.dir
 	apiArgs := []string{
 		"--etcd-servers", e.etcdURL,
-		"--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1", "--secure-port", strconv.Itoa(port),
+		"--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1",
 		"--endpoint-reconciler-type", "none",
 		"--tls-cert-file", filepath.Join(pk, "apiserver.crt"), "--tls-private-key-file", filepath.Join(pk, "apiserver.key"),
 		"--client-ca-file", filepath.Join(pk, "ca.crt"),
@@ -214,11 +215,18 @@ func Start(ctx context.Context, opts Options) (_ *Env, err error) {
 	if opts.FeatureGates != "" {
 		apiArgs = append(apiArgs, "--feature-gates", opts.FeatureGates)
 	}
-	if err := e.start(ctx, "kube-apiserver", filepath.Join(bin, "kube-apiserver"), apiArgs...); err != nil {
-		return nil, err
-	}
-	if err := e.waitHTTP(ctx, "kube-apiserver", e.URL+"/readyz", map[string]string{"Authorization": "Bearer " + e.adminToken},
-		func(b []byte) bool { return string(b) == "ok" }); err != nil {
+	if err := e.startRetryingPorts(ctx, "kube-apiserver", func(int) error {
+		port, err := freePort()
+		if err != nil {
+			return err
+		}
+		e.URL = fmt.Sprintf("https://127.0.0.1:%d", port)
+		if err := e.start(ctx, "kube-apiserver", filepath.Join(bin, "kube-apiserver"), append(apiArgs, "--secure-port", strconv.Itoa(port))...); err != nil {
+			return err
+		}
+		return e.waitHTTP(ctx, "kube-apiserver", e.URL+"/readyz", map[string]string{"Authorization": "Bearer " + e.adminToken},
+			func(b []byte) bool { return string(b) == "ok" })
+	}); err != nil {
 		return nil, err
 	}
 
@@ -272,6 +280,33 @@ func (e *Env) start(ctx context.Context, name, path string, args ...string) erro
 	go func() { p.err = cmd.Wait(); lf.Close(); close(p.done) }()
 	e.procs = append(e.procs, p)
 	return nil
+}
+
+// startRetryingPorts runs start (attempt 1, 2, 3) until the component it
+// starts does not fail on a port another process took since freePort.
+func (e *Env) startRetryingPorts(ctx context.Context, name string, start func(attempt int) error) error {
+	for attempt := 1; ; attempt++ {
+		err := start(attempt)
+		if err == nil || attempt == 3 || !strings.Contains(err.Error(), "address already in use") {
+			return err
+		}
+		fmt.Fprintf(e.log, "testenv: %s lost a port to another process; trying new ports (attempt %d)\n", name, attempt+1)
+		e.forget(name)
+	}
+}
+
+// forget stops and drops the processes named name.
+func (e *Env) forget(name string) {
+	kept := e.procs[:0]
+	for _, p := range e.procs {
+		if p.name != name {
+			kept = append(kept, p)
+			continue
+		}
+		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+		<-p.done
+	}
+	e.procs = kept
 }
 
 func (e *Env) proc(name string) *proc {
