@@ -69,7 +69,7 @@ func (r Readiness) resolve(ctx context.Context, params map[string]string, log fu
 	if r.API == nil {
 		return out, nil
 	}
-	snap, err := readiness.Take(ctx, r.API)
+	snap, err := r.Config.Take(ctx, r.API)
 	if err != nil {
 		if log != nil {
 			log("readiness: no claim-time snapshot; the daemonsets and resources checks will compare against nothing", "err", err)

@@ -36,6 +36,17 @@
 // The per-event parameter readinessChecks narrows or skips them: "none",
 // or a comma list of daemonsets, resources, conditions, command.
 //
+// Config.DaemonSets (a DaemonSetFilter: namespaces and a label selector)
+// narrows which DaemonSets are required; the zero value requires every one
+// with a Ready pod at claim. Decisions: the selector matches the labels of
+// the DaemonSet's pod on the node, not of the DaemonSet object, because the
+// node's identity may read its own pods and not DaemonSets (the Node
+// authorizer); and only Take applies it, so an event requires what its
+// journaled snapshot lists, whatever the configuration says after a
+// restart. NewDaemonSetFilter names a bad namespace or selector; the
+// config keys that feed it (readiness.daemonSets.namespaces, .selector)
+// are not wired yet (internal/config, internal/agent).
+//
 // # The wait (drivers.Readiness, step wait-workloads-ready)
 //
 // What is not ready is said where a user looks: the event's status message

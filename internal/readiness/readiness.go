@@ -10,6 +10,8 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/lifecycle-agent/lifecycle-agent/internal/apiclient"
 )
@@ -75,6 +77,48 @@ type Config struct {
 	// Uncordon, when true, lets a timed-out event's abort lift the cordon
 	// (readiness.onTimeout: uncordon); false keeps the node cordoned.
 	Uncordon bool
+	// DaemonSets narrows the DaemonSets the claim-time snapshot requires;
+	// the zero value: every DaemonSet with a Ready pod on the node.
+	DaemonSets DaemonSetFilter
+}
+
+// DaemonSetFilter selects the DaemonSets the daemonsets check requires
+// (readiness.daemonSets.*). The agent, as the node, may read only its own
+// pods, not DaemonSet objects: the selector is matched against the labels
+// of the DaemonSet's pod on the node (its pod template's labels).
+type DaemonSetFilter struct {
+	// Namespaces, when set, are the only namespaces whose DaemonSets count.
+	Namespaces []string
+	// Selector, when set, must match the pod's labels.
+	Selector labels.Selector
+}
+
+// NewDaemonSetFilter parses namespaces and a label selector (kubectl's
+// syntax; "" selects all), naming what is wrong.
+func NewDaemonSetFilter(namespaces []string, selector string) (DaemonSetFilter, error) {
+	var f DaemonSetFilter
+	for _, ns := range namespaces {
+		if errs := validation.IsDNS1123Label(ns); len(errs) > 0 {
+			return f, fmt.Errorf("namespace %q: %s", ns, strings.Join(errs, "; "))
+		}
+	}
+	f.Namespaces = slices.Clone(namespaces)
+	if strings.TrimSpace(selector) != "" {
+		sel, err := labels.Parse(selector)
+		if err != nil {
+			return f, fmt.Errorf("invalid label selector: %v", err)
+		}
+		f.Selector = sel
+	}
+	return f, nil
+}
+
+// selects reports whether p's DaemonSet counts.
+func (f DaemonSetFilter) selects(p *corev1.Pod) bool {
+	if len(f.Namespaces) > 0 && !slices.Contains(f.Namespaces, p.Namespace) {
+		return false
+	}
+	return f.Selector == nil || f.Selector.Matches(labels.Set(p.Labels))
 }
 
 // Defaults.
@@ -125,8 +169,11 @@ func Extended(name corev1.ResourceName) bool {
 	return ok && domain != "kubernetes.io" && !strings.HasSuffix(domain, ".kubernetes.io")
 }
 
-// Take reads the snapshot from the Node and its pods.
-func Take(ctx context.Context, api API) (Snapshot, error) {
+// Take reads the snapshot from the Node and its pods: the DaemonSets that
+// c.DaemonSets selects. Only the snapshot is filtered: the checks require
+// what it lists, so an event keeps the filter of its claim after the
+// configuration changes (the snapshot is journaled with the plan).
+func (c Config) Take(ctx context.Context, api API) (Snapshot, error) {
 	var s Snapshot
 	node, err := api.GetNode(ctx)
 	if err != nil {
@@ -144,7 +191,7 @@ func Take(ctx context.Context, api API) (Snapshot, error) {
 	if err != nil {
 		return s, fmt.Errorf("readiness: listing the node's pods: %w", err)
 	}
-	s.DaemonSets = readyDaemonSets(pods)
+	s.DaemonSets = readyDaemonSets(slices.DeleteFunc(pods, func(p corev1.Pod) bool { return !c.DaemonSets.selects(&p) }))
 	return s, nil
 }
 

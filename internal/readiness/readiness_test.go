@@ -1,10 +1,13 @@
 package readiness
 
 import (
+	"context"
+	"slices"
 	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 func TestSelected(t *testing.T) {
@@ -57,5 +60,103 @@ func TestSnapshotRoundTrip(t *testing.T) {
 	}
 	if _, err := Decode("{"); err == nil || !strings.Contains(err.Error(), "unreadable") {
 		t.Errorf("bad snapshot: %v", err)
+	}
+}
+
+// nodeAPI is a fixed Node and pod list.
+type nodeAPI struct {
+	node corev1.Node
+	pods []corev1.Pod
+}
+
+func (a *nodeAPI) GetNode(context.Context) (*corev1.Node, error) { n := a.node; return &n, nil }
+func (a *nodeAPI) NodePods(context.Context) ([]corev1.Pod, error) {
+	return slices.Clone(a.pods), nil
+}
+
+// dsPod is a pod of DaemonSet ns/name on the node, labelled app=name.
+func dsPod(ns, name string, ready bool) corev1.Pod {
+	st := corev1.ConditionFalse
+	if ready {
+		st = corev1.ConditionTrue
+	}
+	yes := true
+	return corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name + "-x", Labels: map[string]string{"app": name},
+			OwnerReferences: []metav1.OwnerReference{{Kind: "DaemonSet", Name: name, Controller: &yes}}},
+		Status: corev1.PodStatus{Phase: corev1.PodRunning, Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: st}}},
+	}
+}
+
+// readiness.daemonSets.namespaces and .selector narrow the DaemonSets the
+// snapshot at claim requires, so one outside them that is not back does
+// not hold the node.
+func TestDaemonSetFilter(t *testing.T) {
+	api := &nodeAPI{pods: []corev1.Pod{
+		dsPod("kube-system", "cni", true),
+		dsPod("gpu-operator", "nvidia-device-plugin", true),
+		dsPod("monitoring", "node-exporter", true),
+		dsPod("kube-system", "kube-proxy", false), // not Ready at claim: never required
+	}}
+	for _, tc := range []struct {
+		name       string
+		namespaces []string
+		selector   string
+		want       string
+	}{
+		{name: "default: every Ready one", want: "gpu-operator/nvidia-device-plugin,kube-system/cni,monitoring/node-exporter"},
+		{name: "namespaces", namespaces: []string{"kube-system", "gpu-operator"}, want: "gpu-operator/nvidia-device-plugin,kube-system/cni"},
+		{name: "selector", selector: "app in (cni,nvidia-device-plugin)", want: "gpu-operator/nvidia-device-plugin,kube-system/cni"},
+		{name: "both", namespaces: []string{"kube-system"}, selector: "app!=cni", want: ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f, err := NewDaemonSetFilter(tc.namespaces, tc.selector)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg := Config{DaemonSets: f}
+			snap, err := cfg.Take(context.Background(), api)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := strings.Join(snap.DaemonSets, ","); got != tc.want {
+				t.Errorf("snapshot DaemonSets %q, want %q", got, tc.want)
+			}
+		})
+	}
+
+	// The monitoring DaemonSet's pod is not Ready after the reboot: it
+	// holds the node only when the filter selected it at claim.
+	f, _ := NewDaemonSetFilter([]string{"kube-system"}, "")
+	cfg := Config{DaemonSets: f}
+	snap, err := cfg.Take(context.Background(), api)
+	if err != nil {
+		t.Fatal(err)
+	}
+	after := &nodeAPI{pods: []corev1.Pod{dsPod("kube-system", "cni", true), dsPod("monitoring", "node-exporter", false)}}
+	if got, err := cfg.NotReady(context.Background(), after, snap, []string{CheckDaemonSets}, nil); err != nil || len(got) != 0 {
+		t.Errorf("with readiness.daemonSets.namespaces [kube-system]: not ready %q %v, want ready", got, err)
+	}
+	all, err := Config{}.Take(context.Background(), api)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := (Config{}).NotReady(context.Background(), after, all, []string{CheckDaemonSets}, nil); strings.Join(got, "|") != "DaemonSet gpu-operator/nvidia-device-plugin has no Ready pod on the node|DaemonSet monitoring/node-exporter has no Ready pod on the node" {
+		t.Errorf("with no filter: not ready %q", got)
+	}
+}
+
+func TestNewDaemonSetFilterErrors(t *testing.T) {
+	for _, tc := range []struct {
+		namespaces []string
+		selector   string
+		want       string
+	}{
+		{namespaces: []string{"Kube_System"}, want: `namespace "Kube_System": a lowercase RFC 1123 label`},
+		{selector: "app in (cni", want: "invalid label selector: "},
+	} {
+		if _, err := NewDaemonSetFilter(tc.namespaces, tc.selector); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("NewDaemonSetFilter(%q, %q) = %v, want an error containing %q", tc.namespaces, tc.selector, err, tc.want)
+		}
 	}
 }

@@ -204,7 +204,7 @@ func TestReadinessChecksOnServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	snap, err := readiness.Take(ctx, api)
+	snap, err := readiness.Config{}.Take(ctx, api)
 	if err != nil {
 		t.Fatal(err)
 	}
