@@ -60,6 +60,10 @@ type ClusterOptions struct {
 	// ServiceAccounts), and a Node SpareNode with a kubelet stand-in takes
 	// the replacements of evicted pods (Cluster.Kubelet is its stand-in).
 	RealKubelet bool
+	// AuditLog makes kube-apiserver write its audit log of pod creates,
+	// deletes and evictions (testenv.Options.AuditLog; AuditEvictions
+	// reads it).
+	AuditLog bool
 }
 
 // SpareNode is the host-side Node (a kubelet stand-in) of a RealKubelet
@@ -86,7 +90,7 @@ func StartClusterWith(t testing.TB, opts ClusterOptions) *Cluster {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { logf.Close() })
-	env, err := testenv.Start(ctx, testenv.Options{Log: logf, Dir: filepath.Join(dir, "testenv"), ControllerManager: opts.RealKubelet})
+	env, err := testenv.Start(ctx, testenv.Options{Log: logf, Dir: filepath.Join(dir, "testenv"), ControllerManager: opts.RealKubelet, AuditLog: opts.AuditLog})
 	if err != nil {
 		t.Fatalf("vm: cannot start the test control plane: %v", err)
 	}

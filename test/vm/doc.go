@@ -20,6 +20,12 @@
 // logind's inhibitors), the agent's conditions and cordon on the API
 // server and the pods' SIGTERM and exit before the power-off, then the
 // shutdown closed out and the new boot's Ready. About 3 min under TCG.
+// TestRealNodePowerCutMidDrain cuts the power (QMP system_reset) while a
+// reboot event drains real pods behind a PDB, one pod stopping and two
+// waiting: the new boot's kubelet finishes the stopping pod, the resumed
+// drain evicts the others, the event reboots and ends Succeeded with the
+// node uncordoned; each pod got one SIGTERM, and kube-apiserver's audit log
+// (ClusterOptions.AuditLog) counts the evictions.
 //
 // The image comes from hack/vm/build-image.sh (debootstrap, cached outside
 // the clone by a stamp of its inputs; ~3 min cold, 0 s warm) and every Start

@@ -49,9 +49,17 @@ type realNode struct {
 // the Node vm-node Ready as the kubelet of this boot reports it.
 func startRealNode(t *testing.T) *realNode {
 	t.Helper()
+	return startRealNodeWith(t, vm.ClusterOptions{})
+}
+
+// startRealNodeWith is startRealNode with more cluster options
+// (RealKubelet is always set).
+func startRealNodeWith(t *testing.T, opts vm.ClusterOptions) *realNode {
+	t.Helper()
 	vm.RequireHostTools(t)
 	deb := vm.FindDeb(t)
-	c := vm.StartClusterWith(t, vm.ClusterOptions{RealKubelet: true})
+	opts.RealKubelet = true
+	c := vm.StartClusterWith(t, opts)
 	rec := c.RecordNode(t)
 	v := c.StartVMWith(t, vm.Options{Mem: 2048})
 	c.ProvisionNode(t, v, agentConfig)
