@@ -65,6 +65,9 @@ type Client struct {
 	// renewed and released under the current identity.
 	FormerIdentities []string
 
+	watchCoreOnce sync.Once
+	watchCore     kubernetes.Interface // watchClients
+
 	leaseMu   sync.Mutex
 	nodeLease *v1alpha1.LifecycleLease // as our last write of it returned
 	condMu    sync.Mutex
@@ -155,6 +158,20 @@ func (c *Client) watchConfig() *rest.Config {
 	wc := rest.CopyConfig(c.restCfg)
 	wc.Timeout = 0
 	return wc
+}
+
+// watchClients is Core without the client-side timeout, for the drain's
+// PodDisruptionBudget and pod watches: with it, rest.Config.Timeout cut
+// each watch after apiTimeout (30 s), and every cut re-listed. Built at
+// first use (most agents drain rarely).
+func (c *Client) watchClients() kubernetes.Interface {
+	c.watchCoreOnce.Do(func() {
+		c.watchCore = c.Core // a malformed config only, which New refused
+		if cs, err := kubernetes.NewForConfig(c.watchConfig()); err == nil {
+			c.watchCore = cs
+		}
+	})
+	return c.watchCore
 }
 
 // Contact says when the agent last heard from the API server (see Contact).

@@ -84,6 +84,11 @@ type contactTransport struct {
 	c    *Contact
 }
 
+// WrappedRoundTripper lets client-go reach the transport under this one
+// to cancel a request; without it every client-side timeout logged
+// "Unable to cancel request for *apiclient.contactTransport".
+func (t *contactTransport) WrappedRoundTripper() http.RoundTripper { return t.next }
+
 func (t *contactTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	resp, err := t.next.RoundTrip(r)
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"sort"
 	"strings"
 	"sync"
@@ -113,21 +114,36 @@ func (c *Client) evictOne(ctx context.Context, h *drain.Helper, gv schema.GroupV
 		first = MinEvictRetry
 	}
 	backoff := min(first, o.RetryDelay)
-	send := false // the back-off's turn: send even if the cache says no
-	held := false // told OnBlocked that a budget holds the pod back
+	if pod.DeletionTimestamp != nil {
+		// Already terminating (an eviction or deletion before the agent
+		// restarted, a power cut mid-drain): its grace period runs; an
+		// eviction now would be a second one, accepted and pointless.
+		return c.waitGone(ctx, h, pod, gone, timeout, finished)
+	}
+	send := false  // the back-off's turn: send even if the cache says no
+	held := false  // told OnBlocked that a budget holds the pod back
+	blocked := ""  // why the pod was last held back or refused
+	lastNote := "" // the last refusal told OnBlocked
+	timedOut := func() error {
+		if blocked == "" {
+			return fmt.Errorf("error when evicting pods/%q -n %q: global timeout reached: %v", pod.Name, pod.Namespace, timeout)
+		}
+		return fmt.Errorf("error when evicting pods/%q -n %q: global timeout reached: %v; blocked: %s", pod.Name, pod.Namespace, timeout, blocked)
+	}
 	for {
 		w := bw.add(pod) // before the decision: a budget freed meanwhile is not missed
 		if !bw.take(pod, send) {
+			blocked = bw.why(pod)
 			if !held && o.OnBlocked != nil {
 				held = true
-				o.OnBlocked(fmt.Sprintf("eviction of pod %s/%s blocked: %s", pod.Namespace, pod.Name, bw.why(pod)))
+				o.OnBlocked(fmt.Sprintf("eviction of pod %s/%s blocked: %s", pod.Namespace, pod.Name, blocked))
 			}
 		} else {
 			err := h.EvictPod(pod, gv)
 			switch {
 			case ctx.Err() != nil:
 				bw.remove(w)
-				return fmt.Errorf("error when evicting pods/%q -n %q: global timeout reached: %v", pod.Name, pod.Namespace, timeout)
+				return timedOut()
 			case err == nil:
 				bw.remove(w)
 				return c.waitGone(ctx, h, pod, gone, timeout, finished)
@@ -140,8 +156,12 @@ func (c *Client) evictOne(ctx context.Context, h *drain.Helper, gv schema.GroupV
 				if why == "" {
 					why = "eviction refused (429)"
 				}
-				if o.OnBlocked != nil {
-					o.OnBlocked(fmt.Sprintf("eviction of pod %s/%s blocked: %s", pod.Namespace, pod.Name, why))
+				blocked = why
+				// Said once per reason: a refusal repeated on the back-off is
+				// not news, and each note is a status write.
+				if msg := fmt.Sprintf("eviction of pod %s/%s blocked: %s", pod.Namespace, pod.Name, why); o.OnBlocked != nil && msg != lastNote {
+					lastNote = msg
+					o.OnBlocked(msg)
 				}
 				held = true
 			case apierrors.IsForbidden(err) && apierrors.HasStatusCause(err, corev1.NamespaceTerminatingCause):
@@ -175,7 +195,7 @@ func (c *Client) evictOne(ctx context.Context, h *drain.Helper, gv schema.GroupV
 		t.Stop()
 		bw.remove(w)
 		if ctx.Err() != nil {
-			return fmt.Errorf("error when evicting pods/%q -n %q: global timeout reached: %v", pod.Name, pod.Namespace, timeout)
+			return timedOut()
 		}
 	}
 }
@@ -389,18 +409,38 @@ func (b *budgets) wakeLocked(ns string, sel labels.Selector, n int) {
 
 // setCurrent marks the cache current (listed, watch running) or not, and
 // when it stops being current wakes every waiter: the back-off decides.
+// setCurrent marks the cache current (its watch runs) or not. A watch
+// that ends wakes no one: each held pod already has its back-off timer,
+// and the list that starts the next watch wakes the pods whose budgets it
+// finds free (update). Waking them all at every restart sent an eviction
+// per held pod at once, each refused, each a status write.
 func (b *budgets) setCurrent(on bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.current && !on {
-		for ns, l := range b.waiters {
-			for _, w := range l {
-				close(w.ch)
-			}
-			delete(b.waiters, ns)
-		}
-	}
 	b.current = on
+}
+
+// watchTimeout is what a drain's watches ask the server for, as client-go's
+// reflector does: 5 to 10 minutes, spread so that many agents' watches do
+// not end together.
+func watchTimeout() *int64 {
+	s := int64(300 + rand.IntN(300))
+	return &s
+}
+
+// rewatchBackoff paces the list and watch that follow a watch's end: at
+// once after a watch that ran a while (the server's timeout), then 1 s
+// doubling to 30 s while watches keep ending early (a flapping connection
+// or server), so a restart never costs a burst and never a hot loop.
+type rewatchBackoff struct{ next time.Duration }
+
+func (r *rewatchBackoff) wait(ctx context.Context, ran time.Duration) {
+	if ran >= 30*time.Second {
+		r.next = 0
+		return
+	}
+	r.next = min(max(2*r.next, time.Second), 30*time.Second)
+	sleepCtx(ctx, r.next)
 }
 
 // watchBudgets lists the budgets into b, then watches them from the list's
@@ -410,7 +450,8 @@ func (b *budgets) setCurrent(on bool) {
 func (c *Client) watchBudgets(ctx context.Context, b *budgets, note func(string), synced chan struct{}) {
 	once := sync.OnceFunc(func() { close(synced) })
 	defer once()
-	api := c.Core.PolicyV1().PodDisruptionBudgets(metav1.NamespaceAll)
+	api := c.watchClients().PolicyV1().PodDisruptionBudgets(metav1.NamespaceAll)
+	var back rewatchBackoff
 	for ctx.Err() == nil {
 		l, err := api.List(ctx, metav1.ListOptions{})
 		if err != nil {
@@ -427,7 +468,7 @@ func (c *Client) watchBudgets(ctx context.Context, b *budgets, note func(string)
 		for i := range l.Items {
 			b.update(&l.Items[i])
 		}
-		w, err := api.Watch(ctx, metav1.ListOptions{ResourceVersion: l.ResourceVersion})
+		w, err := api.Watch(ctx, metav1.ListOptions{ResourceVersion: l.ResourceVersion, TimeoutSeconds: watchTimeout()})
 		if err != nil {
 			once()
 			sleepCtx(ctx, time.Second)
@@ -435,6 +476,7 @@ func (c *Client) watchBudgets(ctx context.Context, b *budgets, note func(string)
 		}
 		b.setCurrent(true)
 		once()
+		began := time.Now()
 		for ev := range w.ResultChan() {
 			pdb, ok := ev.Object.(*policyv1.PodDisruptionBudget)
 			if !ok {
@@ -449,6 +491,7 @@ func (c *Client) watchBudgets(ctx context.Context, b *budgets, note func(string)
 		}
 		w.Stop()
 		b.setCurrent(false)
+		back.wait(ctx, time.Since(began))
 	}
 }
 
@@ -507,8 +550,9 @@ func (g *goneSet) setCurrent(on bool) {
 func (c *Client) watchGone(ctx context.Context, g *goneSet, started chan struct{}) {
 	once := sync.OnceFunc(func() { close(started) })
 	defer once()
+	var back rewatchBackoff
 	for ctx.Err() == nil {
-		w, err := c.Core.CoreV1().Pods(metav1.NamespaceAll).Watch(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + c.Node})
+		w, err := c.watchClients().CoreV1().Pods(metav1.NamespaceAll).Watch(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + c.Node, TimeoutSeconds: watchTimeout()})
 		if err != nil {
 			once()
 			if apierrors.IsForbidden(err) {
@@ -519,6 +563,7 @@ func (c *Client) watchGone(ctx context.Context, g *goneSet, started chan struct{
 		}
 		g.setCurrent(true)
 		once()
+		began := time.Now()
 		for ev := range w.ResultChan() {
 			if p, ok := ev.Object.(*corev1.Pod); ok && ev.Type == watch.Deleted {
 				g.deleted(p.UID)
@@ -526,6 +571,7 @@ func (c *Client) watchGone(ctx context.Context, g *goneSet, started chan struct{
 		}
 		w.Stop()
 		g.setCurrent(false)
+		back.wait(ctx, time.Since(began))
 	}
 }
 

@@ -21,7 +21,13 @@ import (
 type KubeletStandIn struct {
 	mu       sync.Mutex
 	finished map[string]int // namespace/name -> times finished
+	holding  map[string]bool
 }
+
+// AnnotationTerminateAfter on a pod makes the stand-in finish it that long
+// (a Go duration) after its deletion began, as a kubelet whose container
+// takes its grace period to stop: the pod stays terminating meanwhile.
+const AnnotationTerminateAfter = "testenv.lifecycle-agent/terminate-after"
 
 // Finished returns how many times each pod was finished.
 func (k *KubeletStandIn) Finished() map[string]int {
@@ -40,7 +46,7 @@ func RunKubeletStandIn(ctx context.Context, cfg *rest.Config, node string) (*Kub
 	if err != nil {
 		return nil, err
 	}
-	k := &KubeletStandIn{finished: map[string]int{}}
+	k := &KubeletStandIn{finished: map[string]int{}, holding: map[string]bool{}}
 	sel := fields.OneTermEqualSelector("spec.nodeName", node).String()
 	go func() {
 		for ctx.Err() == nil {
@@ -67,14 +73,22 @@ func RunKubeletStandIn(ctx context.Context, cfg *rest.Config, node string) (*Kub
 }
 
 func (k *KubeletStandIn) handle(ctx context.Context, cs kubernetes.Interface, pod *corev1.Pod) {
-	if pod.DeletionTimestamp != nil {
-		zero := int64(0)
-		err := cs.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{GracePeriodSeconds: &zero, Preconditions: &metav1.Preconditions{UID: &pod.UID}})
-		if err == nil {
-			k.mu.Lock()
-			k.finished[pod.Namespace+"/"+pod.Name]++
-			k.mu.Unlock()
+	if d, err := time.ParseDuration(pod.Annotations[AnnotationTerminateAfter]); err == nil && pod.DeletionTimestamp != nil {
+		key := string(pod.UID)
+		k.mu.Lock()
+		held := k.holding[key]
+		k.holding[key] = true
+		k.mu.Unlock()
+		if !held {
+			p := pod.DeepCopy()
+			time.AfterFunc(d, func() { // d after the deletion was first seen
+				k.finish(ctx, cs, p)
+			})
 		}
+		return
+	}
+	if pod.DeletionTimestamp != nil {
+		k.finish(ctx, cs, pod)
 		return
 	}
 	if pod.Status.Phase == corev1.PodRunning {
@@ -89,4 +103,16 @@ func (k *KubeletStandIn) handle(ctx context.Context, cs kubernetes.Interface, po
 		{Type: corev1.ContainersReady, Status: corev1.ConditionTrue, LastTransitionTime: now},
 	}
 	_, _ = cs.CoreV1().Pods(p.Namespace).UpdateStatus(ctx, p, metav1.UpdateOptions{})
+}
+
+// finish deletes pod for good (grace 0), as the kubelet does once its
+// containers stopped.
+func (k *KubeletStandIn) finish(ctx context.Context, cs kubernetes.Interface, pod *corev1.Pod) {
+	zero := int64(0)
+	err := cs.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{GracePeriodSeconds: &zero, Preconditions: &metav1.Preconditions{UID: &pod.UID}})
+	if err == nil {
+		k.mu.Lock()
+		k.finished[pod.Namespace+"/"+pod.Name]++
+		k.mu.Unlock()
+	}
 }
