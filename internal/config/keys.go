@@ -149,9 +149,10 @@ var keys = []*key{
 		field: func(c *Config) any { return &c.Drain.Timeout },
 	},
 	{
-		name: "drain.evictRetryDelay", kind: kindDuration, def: "5s", check: positive,
+		name: "drain.evictRetryDelay", kind: kindDuration, def: "5s", check: atLeast(MinEvictRetryDelay),
 		doc: "Longest wait before retrying an eviction that a PodDisruptionBudget refused (HTTP 429): the retry " +
-			"comes as soon as the budget allows a disruption again, else after a back-off of 1s doubling up to this.",
+			"comes as soon as the budget allows a disruption again, else after a back-off of 1s doubling up to this. " +
+			"At least 500ms: below it each held pod would send more than two evictions a second.",
 		field: func(c *Config) any { return &c.Drain.EvictRetryDelay },
 	},
 	{
@@ -687,6 +688,19 @@ func positive(v any) error {
 		return fmt.Errorf("must be positive, got %s", d)
 	}
 	return nil
+}
+
+// MinEvictRetryDelay is drain.evictRetryDelay's floor.
+const MinEvictRetryDelay = 500 * time.Millisecond
+
+// atLeast refuses a duration below floor.
+func atLeast(floor time.Duration) func(any) error {
+	return func(v any) error {
+		if d := v.(time.Duration); d < floor {
+			return fmt.Errorf("must be at least %s, got %s", floor, d)
+		}
+		return nil
+	}
 }
 
 func atLeastOne(v any) error {

@@ -287,6 +287,11 @@ func TestInvalid(t *testing.T) {
 			want: `config: FILE:1: key apiTimeout: must be positive, got 0s`,
 		},
 		{
+			name: "evictRetryDelay below its floor",
+			file: "drain:\n  evictRetryDelay: 100ms\n",
+			want: `config: FILE:2: key drain.evictRetryDelay: must be at least 500ms, got 100ms`,
+		},
+		{
 			name: "number for an enum",
 			file: "host:\n  mode: 5\n",
 			want: `config: FILE:2: key host.mode: want real or simulate, got number 5`,

@@ -38,7 +38,7 @@ type agentProc struct {
 const agentConfig = `logLevel: debug
 eventRetention: 1h
 drain:
-  evictRetryDelay: 250ms
+  evictRetryDelay: 500ms
 `
 
 // start runs `lifecycle-agent run` as system:node:<node> on the case's
