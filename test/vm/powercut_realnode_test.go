@@ -47,14 +47,12 @@ import (
 // SIGTERM in its record, the two evicted after the cut given their linger,
 // the one stopping at the cut never started again and finished by the new
 // boot's kubelet) and evicted once (one eviction per pod answered 201 in
-// kube-apiserver's audit log, but see below); three replacements, none
-// evicted.
+// kube-apiserver's audit log); three replacements, none evicted.
 //
-// The resumed drain sends a second eviction for the pod that was already
-// terminating at the cut, and the API server accepts it (201) without a
-// budget check and without effect: no second SIGTERM. Seen in every run; it
-// is reported (AGENT ISSUE in the log, docs/shutdown.md) and not failed
-// until the drain leaves terminating pods alone.
+// The resumed drain once sent a second eviction for the pod that was still
+// terminating at the cut (accepted, 201, without effect); the drain now
+// waits for a terminating pod instead (test/crash
+// TestDrainWaitsForTerminatingPod), and a second eviction fails this test.
 //
 // The kubelet config of the boot after the cut has graceful node shutdown
 // off (kubeadm's default, as in TestRealNode): the event's own reboot does
@@ -397,13 +395,12 @@ func TestRealNodePowerCutMidDrain(t *testing.T) {
 		for i, a := range acc[1:] {
 			if p == victim && a.After(cutAt) && (victimGone.IsZero() || a.Before(victimGone)) {
 				again = append(again, p+" at "+at[i+1])
-				continue
 			}
 			t.Errorf("pod %s evicted again at %s (accepted at %v): want once", p, at[i+1], at)
 		}
 	}
 	if len(again) > 0 {
-		t.Logf("AGENT ISSUE (reported, not failed): the resumed drain evicted %v again while it was still terminating from its eviction before the cut (API server: 201, no budget check, no new SIGTERM)", again)
+		t.Errorf("the resumed drain evicted %v again while it was still terminating from its eviction before the cut", again)
 	}
 	if victimGone.Before(upAt) {
 		t.Errorf("pod %s, stopping at the cut, was not finished (deleted) by the kubelet after the cut (deleted at %s; guest back at %s)", victim, sinceOr(victimGone, start), rel(upAt, start))
