@@ -94,10 +94,14 @@ VM_TEST_TIMEOUT ?= 60m
 # test cache the Go part took 10m30s (test/e2e 7m30s, test/crash 3m13s,
 # test/packaging 2m01s, test/plugin 42s, in parallel): about 40 minutes,
 # at the 40-minute goal; (j) and (k) added 5m20s.
+# (l) TestRealNodePowerCutMidDrain alone: 5m22s-6m47s on a machine busy
+# with other builds (its event 3m16s-4m27s; three boots of 31-61 s): with
+# it make test is over the 40-minute goal (measured figure: docs/ and the
+# issue note of 2026-12-06).
 # VM_TESTS narrows it (a go test -run pattern) when working on one scenario.
 VM_TESTS ?= .
 
-test-vm: kubebin deb ## VM tests: harness, (a) reboot, (b) graceful shutdown, (c) power cuts, (d) upgrade mid-transition, (e) remove/purge, (f) a slot held while powered off, (g) OS upgrade: profile, target missed, external, power cut, (h) the start limit and its recover unit, (i) a real kubelet and containerd: drain of real pods, uncordon, reboot waiting for the new boot's kubelet, (j) systemctl poweroff beside the real kubelet's graceful node shutdown: both delay locks, the pods' SIGTERM before power-off, the new boot's Ready, (k) a reboot event with real pods and a late DaemonSet pod: wait-ready past the old boot's Ready, wait-workloads-ready holding the cordon until the DaemonSet pod is Ready again
+test-vm: kubebin deb ## VM tests: harness, (a) reboot, (b) graceful shutdown, (c) power cuts, (d) upgrade mid-transition, (e) remove/purge, (f) a slot held while powered off, (g) OS upgrade: profile, target missed, external, power cut, (h) the start limit and its recover unit, (i) a real kubelet and containerd: drain of real pods, uncordon, reboot waiting for the new boot's kubelet, (j) systemctl poweroff beside the real kubelet's graceful node shutdown: both delay locks, the pods' SIGTERM before power-off, the new boot's Ready, (k) a reboot event with real pods and a late DaemonSet pod: wait-ready past the old boot's Ready, wait-workloads-ready holding the cordon until the DaemonSet pod is Ready again, (l) a power cut while a reboot event drains real pods behind a PDB: the event resumes from the journal and Succeeds, each pod evicted and stopped once, the node uncordoned
 	$(GO) test -tags $(TAGS) -count=1 -v -timeout $(VM_TEST_TIMEOUT) -run '$(VM_TESTS)' ./test/vm/
 
 test-vm-full: test-vm ## the same as test-vm (every scenario); kept for old habits
