@@ -34,6 +34,8 @@ func readinessOf(cfg *config.Config, api readiness.API, clk clock.Clock, gpu boo
 	if gpu {
 		rc.Conditions[devices.ConditionType] = corev1.ConditionTrue
 	}
+	// Checked at load (readiness.daemonSets.*).
+	rc.DaemonSets, _ = readiness.NewDaemonSetFilter(cfg.Readiness.DaemonSets.Namespaces, cfg.Readiness.DaemonSets.Selector)
 	return drivers.Readiness{Config: rc, API: api, Clock: clk}
 }
 

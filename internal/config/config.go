@@ -200,6 +200,14 @@ type Readiness struct {
 	CommandTimeout time.Duration
 	Timeout        time.Duration
 	OnTimeout      string // ReadinessKeepCordoned or ReadinessUncordon
+	DaemonSets     ReadinessDaemonSets
+}
+
+// ReadinessDaemonSets is readiness.daemonSets.*: which DaemonSets the
+// daemonsets check requires (all with a Ready pod at claim by default).
+type ReadinessDaemonSets struct {
+	Namespaces []string // "": every namespace
+	Selector   string   // label selector on the DaemonSet's pod; "": all
 }
 
 // Values of readiness.onTimeout.

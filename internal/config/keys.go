@@ -269,6 +269,19 @@ var keys = []*key{
 		field: func(c *Config) any { return &c.Readiness.Checks },
 	},
 	{
+		name: "readiness.daemonSets.namespaces", kind: kindStrings, def: "", check: checkNamespaces,
+		doc: "The namespaces whose DaemonSets the daemonsets check requires (e.g. kube-system,gpu-operator). " +
+			"Empty: every namespace.",
+		field: func(c *Config) any { return &c.Readiness.DaemonSets.Namespaces },
+	},
+	{
+		name: "readiness.daemonSets.selector", kind: kindString, def: "", check: checkSelector,
+		doc: "Label selector (app in (cni,nvidia-device-plugin-daemonset)) on the labels of a DaemonSet's " +
+			"pod on the node: only the DaemonSets whose pod matches are required by the daemonsets check. " +
+			"Empty: every DaemonSet with a Ready pod on the node at claim.",
+		field: func(c *Config) any { return &c.Readiness.DaemonSets.Selector },
+	},
+	{
 		name: "readiness.conditions", kind: kindStrings, def: "", check: checkConditionList,
 		doc: "Node conditions that must have their healthy status before the uncordon, as Type=Status " +
 			"(node-problem-detector's, e.g. KernelDeadlock=False,ReadonlyFilesystem=False).",
@@ -654,6 +667,15 @@ func checkReadinessChecks(v any) error {
 		case "daemonsets", "resources", "conditions", "command":
 		default:
 			return fmt.Errorf("%q: want daemonsets, resources, conditions or command", c)
+		}
+	}
+	return nil
+}
+
+func checkNamespaces(v any) error {
+	for _, ns := range v.([]string) {
+		if errs := validation.IsDNS1123Label(ns); len(errs) > 0 {
+			return fmt.Errorf("namespace %q: %s", ns, strings.Join(errs, "; "))
 		}
 	}
 	return nil

@@ -26,7 +26,7 @@ func defaults() *Config {
 		Shutdown:       Shutdown{Budget: 5 * time.Second},
 		Drain:          Drain{EvictRetryDelay: 5 * time.Second},
 		Reboot:         Reboot{ReadyTimeout: 10 * time.Minute},
-		Readiness: Readiness{Checks: []string{"daemonsets", "resources", "conditions", "command"}, Conditions: []string{},
+		Readiness: Readiness{Checks: []string{"daemonsets", "resources", "conditions", "command"}, Conditions: []string{}, DaemonSets: ReadinessDaemonSets{Namespaces: []string{}},
 			CommandTimeout: 30 * time.Second, Timeout: 10 * time.Minute, OnTimeout: "keepCordoned"},
 		Needs: Needs{Reboot: NeedsReboot{SentinelFile: "/var/run/reboot-required", CommandTimeout: 30 * time.Second, Interval: time.Minute,
 			Policy: "report", Request: AutoRequest{Group: "auto-reboot", MaxConcurrent: 1, BreakerFailures: 3}}},
@@ -481,6 +481,16 @@ func TestInvalid(t *testing.T) {
 			name: "alert gate without a scheme",
 			file: "gates:\n  prometheus:\n    url: prometheus:9090\n",
 			want: `config: FILE:3: key gates.prometheus.url: invalid URL "prometheus:9090": want http://host:port or https://host:port`,
+		},
+		{
+			name: "readiness DaemonSet selector that does not parse",
+			file: "readiness:\n  daemonSets:\n    selector: \"app in (cni\"\n",
+			want: `config: FILE:3: key readiness.daemonSets.selector: invalid label selector: unable to parse requirement: found '', expected: ',' or ')'`,
+		},
+		{
+			name: "readiness DaemonSet namespace that is not a name",
+			file: "readiness:\n  daemonSets:\n    namespaces: [kube-system, Kube_System]\n",
+			want: `config: FILE:3: key readiness.daemonSets.namespaces: namespace "Kube_System": a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')`,
 		},
 		{
 			name: "pod gate with an invalid selector",
