@@ -126,7 +126,11 @@ func (o *options) waitGone(ctx context.Context, cl *clients, last map[string]*v1
 			if prev.Status.Message != "" {
 				end += ": " + oneLine(prev.Status.Message, 200)
 			}
-			fmt.Fprintf(o.out, "lifecycleevent %s gone (last status %s)\n", name, end)
+			how := "gone"
+			if !prev.Status.ClaimStatus.Finished() {
+				how = "cancelled" // deleted before an end state: no end state is written
+			}
+			fmt.Fprintf(o.out, "lifecycleevent %s %s (last status %s)\n", name, how, end)
 			delete(last, name)
 		}
 		if len(last) == 0 {

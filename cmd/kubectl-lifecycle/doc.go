@@ -24,8 +24,9 @@
 // Exit codes: 0 success; 1 the event (or a rollout node) Failed, or an API
 // error; 2 usage (bad flags or arguments, or a driver the node does not
 // offer: the message lists what it offers); 3 the event's SLA expired; 4
-// --timeout passed first (the work goes on); 130 interrupted (SIGINT,
-// SIGTERM; the work goes on).
+// --timeout passed first (the work goes on); 5 the event was deleted
+// before it ended (cancelled: no end state, as lifecycle-agent's 5); 130
+// interrupted (SIGINT, SIGTERM; the work goes on).
 //
 // run names its event <NODE>-<DRIVER>-<random> (generateName on the
 // transition's name) and labels it app.kubernetes.io/managed-by=

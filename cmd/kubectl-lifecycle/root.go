@@ -28,6 +28,7 @@ const (
 	exitUsage       = 2 // bad arguments or flags; a driver the node does not offer
 	exitSlaExpired  = 3 // the event ended SlaExpired
 	exitTimeout     = 4 // --timeout passed before the end; the work goes on
+	exitCancelled   = 5 // the event was deleted before it ended (as lifecycle-agent's 5)
 	exitInterrupted = 130
 )
 

@@ -156,7 +156,7 @@ func (o *options) follow(ctx context.Context, cl *clients, ev *v1alpha1.Lifecycl
 			if !finishedAt.IsZero() {
 				return outcome(p.last)
 			}
-			return fail(exitFailed, "lifecycleevent %s was deleted before it ended (cancelled)", ev.Name)
+			return fail(exitCancelled, "lifecycleevent %s was deleted before it ended (cancelled)", ev.Name)
 		}
 		select {
 		case <-ctx.Done():

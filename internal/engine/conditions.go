@@ -54,8 +54,12 @@ const (
 	// The event's disruptive work ended successfully.
 	ReasonMaintenanceCompleted = "MaintenanceCompleted"
 	// The event ended Failed, was cancelled (deleted), or ran out of its sla.
-	ReasonEventFailed      = "EventFailed"
-	ReasonEventCancelled   = "EventCancelled"
+	ReasonEventFailed    = "EventFailed"
+	ReasonEventCancelled = "EventCancelled"
+	// ReasonCancelled is the Kubernetes Event's reason, on the
+	// LifecycleEvent and the Node, for an event deleted before it ended,
+	// and its Progressing condition's.
+	ReasonCancelled        = "Cancelled"
 	ReasonDeadlineExceeded = "DeadlineExceeded"
 	// The node started again after a shutdown; a shutdown logind cancelled.
 	ReasonNodeStarted       = "NodeStarted"

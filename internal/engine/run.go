@@ -513,11 +513,24 @@ func (e *Engine) retryAPI(ctx context.Context, f func(context.Context) (bool, er
 func (e *Engine) finish(ctx context.Context, a *active, outcome journal.Outcome, msg string) {
 	now := e.cfg.Clock.Now()
 	cs, reason := v1alpha1.LifecycleEventFailed, "Failed"
+	// ended is the outcome as the journal, the log, the metrics and the
+	// Kubernetes Event say it: cs, or Cancelled.
+	ended := ""
 	switch outcome {
 	case journal.OutcomeSucceeded:
 		cs, reason = v1alpha1.LifecycleEventSucceeded, a.status.Driver.End
 	case journal.OutcomeSlaExpired:
 		cs, reason = v1alpha1.LifecycleEventSlaExpired, "SlaExpired"
+	case journal.OutcomeCancelled:
+		// A cancel is not a failure: the event was deleted, and a deleted
+		// event gets no end state (the KEP's are Succeeded, Failed and
+		// SlaExpired). Its status keeps its claim, says it was cancelled,
+		// and the object goes once the abort is done; the outcome is in
+		// the journal's history and a Kubernetes Event, reason Cancelled.
+		cs, reason, ended = a.status.ClaimStatus, ReasonCancelled, ReasonCancelled
+	}
+	if ended == "" {
+		ended = string(cs)
 	}
 	if a.jstate != journal.EventFinishing {
 		if a.outcomeMsg != "" && a.outcome == outcome {
@@ -526,10 +539,12 @@ func (e *Engine) finish(ctx context.Context, a *active, outcome journal.Outcome,
 		a.outcome, a.outcomeMsg = outcome, truncate(msg)
 		a.status.ClaimStatus = cs
 		a.status.Message = truncate(msg)
-		a.status.CompletionTime = ptrTime(now)
-		setCond(&a.status, v1alpha1.ConditionProgressing, metav1.ConditionFalse, string(cs), truncate(msg), now)
+		if outcome != journal.OutcomeCancelled {
+			a.status.CompletionTime = ptrTime(now)
+		}
+		setCond(&a.status, v1alpha1.ConditionProgressing, metav1.ConditionFalse, ended, truncate(msg), now)
 		setCond(&a.status, v1alpha1.ConditionWaitingForDisruptionBudget, metav1.ConditionFalse, "NotWaiting", "", now)
-		e.note(a, journal.NoticeEnded, e.endedText(a, string(cs), a.outcomeMsg, now))
+		e.note(a, journal.NoticeEnded, e.endedText(a, ended, a.outcomeMsg, now))
 		// The end state is journaled, and both writes queued, before
 		// anything is reported: a journal that refuses them holds the
 		// event (finalizer kept) rather than release it unseen.
@@ -558,12 +573,16 @@ func (e *Engine) finish(ctx context.Context, a *active, outcome journal.Outcome,
 		// failed step comes on top): the steps and their times are in
 		// status.steps, and an Event per step would cost a write each.
 		typ := corev1.EventTypeNormal
-		if cs != v1alpha1.LifecycleEventSucceeded {
+		if cs != v1alpha1.LifecycleEventSucceeded && outcome != journal.OutcomeCancelled {
 			typ = corev1.EventTypeWarning
 		}
 		e.recordEvent(a, typ, reason, truncate(msg))
+		if outcome == journal.OutcomeCancelled {
+			// On the Node too: where an admin looks for what happened to it.
+			e.recordNodeEvent(a, typ, reason, fmt.Sprintf("event %s cancelled: %s", a.name, truncate(msg)))
+		}
 	}
-	e.setState(fmt.Sprintf("event %s: finishing (%s)", a.name, cs), "event", a.name)
+	e.setState(fmt.Sprintf("event %s: finishing (%s)", a.name, ended), "event", a.name)
 	// Wait until the end state is delivered (the API may be down).
 	for ctx.Err() == nil {
 		e.alive()
@@ -597,7 +616,7 @@ func (e *Engine) finish(ctx context.Context, a *active, outcome journal.Outcome,
 			break
 		}
 		e.log.Warn("finishing: removing the finalizer failed; will retry", "event", a.name, "err", err)
-		e.setState(fmt.Sprintf("event %s: finishing (%s): removing the finalizer failed: %v", a.name, cs, err), "event", a.name)
+		e.setState(fmt.Sprintf("event %s: finishing (%s): removing the finalizer failed: %v", a.name, ended, err), "event", a.name)
 		e.alive()
 		if !e.sleep(ctx, backoff(i)) {
 			return
@@ -624,8 +643,8 @@ func (e *Engine) finish(ctx context.Context, a *active, outcome journal.Outcome,
 	if !e.durably(ctx, a, "its move to history", func() error { return e.cfg.Journal.FinishEvent(a.uid, outcome, truncate(msg)) }) {
 		return
 	}
-	e.cfg.Metrics.Events.WithLabelValues(a.driver.Short(), string(cs)).Inc()
-	e.log.Info("event finished", "event", a.name, "outcome", string(cs), "message", msg)
+	e.cfg.Metrics.Events.WithLabelValues(a.driver.Short(), ended).Inc()
+	e.log.Info("event finished", "event", a.name, "outcome", ended, "message", msg)
 	e.setState("idle")
 }
 
@@ -745,6 +764,17 @@ func (e *Engine) recordEvent(a *active, typ, reason, msg string) {
 		defer cancel()
 		if err := e.cfg.API.RecordEvent(ctx, ev, typ, reason, msg, e.cfg.Clock.Now()); err != nil {
 			e.log.Debug("kubernetes event not recorded", "event", a.name, "err", err)
+		}
+	}()
+}
+
+// recordNodeEvent records a Kubernetes Event on this Node about a.
+func (e *Engine) recordNodeEvent(a *active, typ, reason, msg string) {
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := e.cfg.API.RecordNodeEvent(ctx, typ, reason, msg, e.cfg.Clock.Now()); err != nil {
+			e.log.Debug("kubernetes event not recorded on the node", "event", a.name, "err", err)
 		}
 	}()
 }
