@@ -28,6 +28,11 @@ import (
 func (e *Engine) tryClaim(ctx context.Context, fresh []*v1alpha1.LifecycleEvent) *active {
 	cands := e.candidates(fresh)
 	if len(cands) == 0 {
+		// The event the Node's MaintenancePlanned names may be gone (a
+		// Pending event has no finalizer: deleted, it is gone at once).
+		if e.planned != "" || !e.plannedRead {
+			e.clearPlanned(ctx, nil)
+		}
 		return nil
 	}
 	all := fresh
@@ -231,7 +236,9 @@ func (e *Engine) claim(ctx context.Context, cached *v1alpha1.LifecycleEvent) (*a
 	if apierrors.IsNotFound(err) {
 		// The proposal's "skip and retry": `kubectl apply` of an event
 		// before its transition works; it waits, Pending, saying why.
-		e.markPending(ctx, ev, fmt.Sprintf("waiting: LifecycleTransition %q not found", ev.Spec.TransitionName), false)
+		// The Node says it is expected to undergo maintenance (the merged
+		// KEP's MaintenancePlanned): a bound event is planned maintenance.
+		e.queuePlanned(ctx, ev, fmt.Sprintf("waiting: LifecycleTransition %q not found", ev.Spec.TransitionName), ReasonTransitionNotFound, false)
 		return nil, nil
 	}
 	if err != nil {
@@ -253,7 +260,7 @@ func (e *Engine) claim(ctx context.Context, cached *v1alpha1.LifecycleEvent) (*a
 		return nil, e.reject(ctx, ev, err.Error())
 	}
 	if !applies {
-		e.markPending(ctx, ev, fmt.Sprintf("waiting: LifecycleTransition %q does not apply to node %s", lt.Name, e.cfg.Node), false)
+		e.queuePlanned(ctx, ev, fmt.Sprintf("waiting: LifecycleTransition %q does not apply to node %s", lt.Name, e.cfg.Node), ReasonTransitionNotApplicable, false)
 		return nil, nil
 	}
 	params, opts, planErr := splitParams(ev.Spec.Parameters)

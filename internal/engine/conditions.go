@@ -56,6 +56,10 @@ const (
 	// The event ended Failed, was cancelled (deleted), or ran out of its sla.
 	ReasonEventFailed    = "EventFailed"
 	ReasonEventCancelled = "EventCancelled"
+	// MaintenancePlanned True while a bound event waits for its
+	// LifecycleTransition: not created yet, or not for this node.
+	ReasonTransitionNotFound      = "TransitionNotFound"
+	ReasonTransitionNotApplicable = "TransitionNotApplicable"
 	// ReasonCancelled is the Kubernetes Event's reason, on the
 	// LifecycleEvent and the Node, for an event deleted before it ended,
 	// and its Progressing condition's.
