@@ -39,16 +39,8 @@ func TestDrainHeldAcrossWatchRestarts(t *testing.T) {
 	cfg := "logLevel: debug\neventRetention: 1h\napiTimeout: 2s\ndrain:\n  evictRetryDelay: 30s\n  timeout: 12s\n"
 	c := chaosCase(t, node, node+"-drain-1", cfg, env.NodeConfig(node))
 	c.kubelet = kubelet
-	lc, err := apiclient.NewLifecycleClients(admin)
-	if err != nil {
-		t.Fatal(err)
-	}
-	a := c.start(t, "")
+	lc, a := startDrainAgent(t, c)
 	defer func() { _ = a.stop(30 * time.Second) }()
-	waitFor(t, "the drain transition published", 60*time.Second, a, func() bool {
-		_, err := lc.Transitions.Get(ctx, node+"-drain", metav1.GetOptions{})
-		return err == nil
-	})
 	// Every status the event shows that names the held pod: one per
 	// reason, not one per refusal.
 	wa, err := lc.Events.Watch(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + c.event})
@@ -69,16 +61,7 @@ func TestDrainHeldAcrossWatchRestarts(t *testing.T) {
 			}
 		}
 	}()
-	ev := &v1alpha1.LifecycleEvent{ObjectMeta: metav1.ObjectMeta{Name: c.event},
-		Spec: v1alpha1.LifecycleEventSpec{TransitionName: node + "-drain", BindingNode: node}}
-	if _, err := lc.Events.Create(ctx, ev, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	var got *v1alpha1.LifecycleEvent
-	waitFor(t, "the drain to end", 2*time.Minute, a, func() bool {
-		got, err = lc.Events.Get(ctx, c.event, metav1.GetOptions{})
-		return err == nil && got.Status.CompletionTime != nil
-	})
+	got := runDrain(t, lc, c, a)
 	if got.Status.ClaimStatus != v1alpha1.LifecycleEventFailed || !strings.Contains(got.Status.Message, "timeout") ||
 		!strings.Contains(got.Status.Message, "disruption budget") {
 		t.Errorf("drain ended %s: %q; want Failed at its timeout naming the disruption budget", got.Status.ClaimStatus, got.Status.Message)
@@ -146,29 +129,12 @@ func TestDrainWaitsForTerminatingPod(t *testing.T) {
 	}
 	c := chaosCase(t, node, node+"-drain-1", agentConfig, env.NodeConfig(node))
 	c.kubelet = kubelet
-	lc, err := apiclient.NewLifecycleClients(admin)
-	if err != nil {
-		t.Fatal(err)
-	}
-	a := c.start(t, "")
+	lc, a := startDrainAgent(t, c)
 	defer func() { _ = a.stop(30 * time.Second) }()
-	waitFor(t, "the drain transition published", 60*time.Second, a, func() bool {
-		_, err := lc.Transitions.Get(ctx, node+"-drain", metav1.GetOptions{})
-		return err == nil
-	})
 	if p, err := cs.CoreV1().Pods(node).Get(ctx, stopping, metav1.GetOptions{}); err != nil || p.DeletionTimestamp == nil {
 		t.Fatalf("pod %s is not terminating when the drain starts (%v): the test's premise", stopping, err)
 	}
-	ev := &v1alpha1.LifecycleEvent{ObjectMeta: metav1.ObjectMeta{Name: c.event},
-		Spec: v1alpha1.LifecycleEventSpec{TransitionName: node + "-drain", BindingNode: node}}
-	if _, err := lc.Events.Create(ctx, ev, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	var got *v1alpha1.LifecycleEvent
-	waitFor(t, "the drain to end", 2*time.Minute, a, func() bool {
-		got, err = lc.Events.Get(ctx, c.event, metav1.GetOptions{})
-		return err == nil && got.Status.CompletionTime != nil
-	})
+	got := runDrain(t, lc, c, a)
 	if got.Status.ClaimStatus != v1alpha1.LifecycleEventSucceeded {
 		t.Fatalf("drain ended %s: %q", got.Status.ClaimStatus, got.Status.Message)
 	}
@@ -187,4 +153,39 @@ func TestDrainWaitsForTerminatingPod(t *testing.T) {
 	if f := kubelet.Finished()[node+"/"+stopping]; f != 1 {
 		t.Errorf("the terminating pod finished %d time(s), want once (after its 8 s)", f)
 	}
+}
+
+// startDrainAgent starts the case's agent and waits for its drain
+// transition.
+func startDrainAgent(t *testing.T, c *crashCase) (*apiclient.LifecycleClients, *agentProc) {
+	t.Helper()
+	lc, err := apiclient.NewLifecycleClients(env.AdminConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := c.start(t, "")
+	waitFor(t, "the drain transition published", 60*time.Second, a, func() bool {
+		_, err := lc.Transitions.Get(context.Background(), c.node+"-drain", metav1.GetOptions{})
+		return err == nil
+	})
+	return lc, a
+}
+
+// runDrain creates the case's drain event and waits (up to 2 minutes)
+// until it has ended.
+func runDrain(t *testing.T, lc *apiclient.LifecycleClients, c *crashCase, a *agentProc) *v1alpha1.LifecycleEvent {
+	t.Helper()
+	ctx := context.Background()
+	ev := &v1alpha1.LifecycleEvent{ObjectMeta: metav1.ObjectMeta{Name: c.event},
+		Spec: v1alpha1.LifecycleEventSpec{TransitionName: c.node + "-drain", BindingNode: c.node}}
+	if _, err := lc.Events.Create(ctx, ev, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var got *v1alpha1.LifecycleEvent
+	waitFor(t, "the drain to end", 2*time.Minute, a, func() bool {
+		var err error
+		got, err = lc.Events.Get(ctx, c.event, metav1.GetOptions{})
+		return err == nil && got.Status.CompletionTime != nil
+	})
+	return got
 }
