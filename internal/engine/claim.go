@@ -27,6 +27,18 @@ import (
 // not nil, is a direct list to claim from instead of the watch's cache.
 func (e *Engine) tryClaim(ctx context.Context, fresh []*v1alpha1.LifecycleEvent) *active {
 	cands := e.candidates(fresh)
+	if len(cands) == 0 && fresh == nil {
+		// Nothing of ours or waiting: maybe an event of this node held by
+		// an identity that is gone for good (takeOver).
+		all := e.watch.List()
+		if blocker := e.claimedByOther(all); blocker != nil {
+			if taken, why := e.takeOver(ctx, blocker); taken != nil {
+				return e.tryClaim(ctx, withEvent(all, taken))
+			} else if why != "" {
+				e.log.Debug("not taking over", "event", blocker.Name, "holder", blocker.Status.Holder.Identity, "why", why)
+			}
+		}
+	}
 	if len(cands) == 0 {
 		// The event the Node's MaintenancePlanned names may be gone (a
 		// Pending event has no finalizer: deleted, it is gone at once).
@@ -40,6 +52,13 @@ func (e *Engine) tryClaim(ctx context.Context, fresh []*v1alpha1.LifecycleEvent)
 		all = e.watch.List()
 	}
 	if blocker := e.claimedByOther(all); blocker != nil {
+		// A re-imaged node's own event, claimed by its old identity (the
+		// machine-id changed): taken over once no live agent holds it.
+		if taken, why := e.takeOver(ctx, blocker); taken != nil {
+			return e.tryClaim(ctx, withEvent(all, taken)) // now ours: adopted
+		} else if why != "" {
+			e.log.Debug("not taking over", "event", blocker.Name, "holder", blocker.Status.Holder.Identity, "why", why)
+		}
 		// One Claimed event per node, whoever claimed it (a third-party
 		// controller implementing the proposal, another agent given this
 		// node name): our own claimed events are adopted, new ones wait.
@@ -83,6 +102,85 @@ func (e *Engine) tryClaim(ctx context.Context, fresh []*v1alpha1.LifecycleEvent)
 	}
 	return nil
 }
+
+// takeOver makes this agent the holder of ev, Claimed by another identity
+// of this node's agent, when that agent is gone for good — the case of a
+// node re-imaged during an external OS upgrade: a new image has a new
+// machine-id, so a new identity, and no journal of the event. Three
+// conditions, each against a twin (another machine wrongly given this
+// node name, which must never act for it):
+//   - the holder is an agent of this node's name (identity <node>/…), not a
+//     third party's controller;
+//   - the node's Lease is free or expired: no live agent holds the node;
+//   - this host is the Node's: its boot ID is the one the kubelet reports
+//     in status.nodeInfo.bootID (a twin's kubelet, if any, reports another
+//     machine's Node; a twin's own boot ID is not this Node's).
+//
+// The holder is rewritten with a guarded status update (of two racing
+// agents one wins); the claim's boot ID is kept, so that the steps rebuilt
+// from the status (rebuildSteps) still date from the old boot: a reboot
+// since then is seen as one. It returns the updated event, or nil and why
+// not ("" when ev is not a candidate at all).
+func (e *Engine) takeOver(ctx context.Context, ev *v1alpha1.LifecycleEvent) (*v1alpha1.LifecycleEvent, string) {
+	old := ev.Status.Holder.Identity
+	if !strings.HasPrefix(old, e.cfg.Node+"/") {
+		return nil, ""
+	}
+	now := e.cfg.Clock.Now()
+	if last, ok := e.tookOverAt[string(ev.UID)]; ok && now.Sub(last) < takeOverEvery {
+		return nil, ""
+	}
+	if e.tookOverAt == nil {
+		e.tookOverAt = map[string]time.Time{}
+	}
+	e.tookOverAt[string(ev.UID)] = now
+	if h, err := e.cfg.API.NodeLeaseHolder(ctx, now); err != nil {
+		return nil, "reading the node's Lease: " + err.Error()
+	} else if h != "" {
+		return nil, "the node's Lease is held by " + h + ": a live agent"
+	}
+	n, err := e.cfg.API.GetNode(ctx)
+	if err != nil {
+		return nil, "reading the Node: " + err.Error()
+	}
+	if boot := e.cfg.Host.BootID(); n.Status.NodeInfo.BootID != boot {
+		return nil, fmt.Sprintf("this host's boot ID %s is not the Node's (%q): not the node's machine", boot, n.Status.NodeInfo.BootID)
+	}
+	fresh, err := e.cfg.API.GetEvent(ctx, ev.Name)
+	if err != nil || fresh.Status.Holder == nil || fresh.Status.Holder.Identity != old || fresh.Status.ClaimStatus != v1alpha1.LifecycleEventClaimed {
+		return nil, "the event changed"
+	}
+	t := metav1.NewTime(now)
+	fresh.Status.Holder.Identity, fresh.Status.Holder.RenewTime = e.cfg.Identity, &t
+	msg := fmt.Sprintf("taken over from %s by %s: its Lease expired and this host runs the Node's kubelet (boot %s; a re-imaged node)", old, e.cfg.Identity, e.cfg.Host.BootID())
+	fresh.Status.Message = msg
+	got, err := e.cfg.API.UpdateEventStatus(ctx, fresh)
+	if err != nil {
+		return nil, "rewriting the holder: " + err.Error()
+	}
+	e.log.Warn("took over an event of this node from another identity", "event", ev.Name, "from", old, "boot_id", e.cfg.Host.BootID())
+	go func() {
+		rctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = e.cfg.API.RecordEvent(rctx, got, corev1.EventTypeNormal, "TakenOver", msg, now)
+	}()
+	e.remember(got)
+	return got, ""
+}
+
+// withEvent is list with ev in place of the event of its UID.
+func withEvent(list []*v1alpha1.LifecycleEvent, ev *v1alpha1.LifecycleEvent) []*v1alpha1.LifecycleEvent {
+	out := slices.Clone(list)
+	for i, x := range out {
+		if x.UID == ev.UID {
+			out[i] = ev
+		}
+	}
+	return out
+}
+
+// takeOverEvery paces takeOver's reads per event.
+const takeOverEvery = 10 * time.Second
 
 // claimedByOther returns an event bound to this node that a holder other
 // than this agent has Claimed and not ended, or nil.

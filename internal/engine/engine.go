@@ -88,7 +88,11 @@ type Engine struct {
 	// (queueForSlot); plannedRead: the Node was read for it since the start.
 	planned     string
 	plannedRead bool
-	slotQueued  bool // an event waits for a disruption slot: look again soon
+	// tookOverAt: when takeOver last looked at an event (by UID), so that
+	// a live twin's event costs its reads once per takeOverEvery, not at
+	// every pass.
+	tookOverAt map[string]time.Time
+	slotQueued bool // an event waits for a disruption slot: look again soon
 	// The gates' last blockers, how many evaluations in a row blocked, and
 	// when they are evaluated again (startWait).
 	gateBlockers []string

@@ -1,0 +1,122 @@
+package e2e
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/util/retry"
+
+	"github.com/lifecycle-agent/lifecycle-agent/api/v1alpha1"
+	"github.com/lifecycle-agent/lifecycle-agent/internal/hostops"
+)
+
+// TestReimagedNodeTakesOverItsEvent: the identity includes the machine-id
+// (and the journal's path), so a node re-imaged mid-event comes back as
+// another identity with no journal of it. It takes the event over only
+// when no live agent holds the node's Lease and this host runs the Node's
+// kubelet (its boot ID is the Node's status.nodeInfo.bootID):
+//   - another identity on the node's machine while the old agent lives:
+//     refused (the Lease is live);
+//   - a twin (another machine given this node name) after the old agent
+//     died: refused (its boot ID is not the Node's);
+//   - the re-imaged node's agent after the old one's Lease expired: takes
+//     it over, resumes it from its status and ends it Succeeded.
+func TestReimagedNodeTakesOverItsEvent(t *testing.T) {
+	node := "reimaged"
+	newNode(t, node)
+	w := startWorkload(t, "reimaged-ns", node, "", 1, 1) // held by its budget
+	_ = w
+	ctx := context.Background()
+	lc := clients(t, env.AdminConfig())
+	cs := kubernetes.NewForConfigOrDie(env.AdminConfig())
+
+	old := startAgent(t, node, agentOpts{retention: time.Hour})
+	waitTransition(t, transitionName(node, "drain"))
+	createEvent(t, "reimage-1", node, transitionName(node, "drain"), nil, nil)
+	var oldID string
+	waitFor(t, "the drain claimed and held by the budget", 30*time.Second, func() bool {
+		ev, err := lc.Events.Get(ctx, "reimage-1", metav1.GetOptions{})
+		if err != nil || ev.Status.Holder == nil || ev.Status.CurrentStep != "evict" {
+			return false
+		}
+		oldID = ev.Status.Holder.Identity
+		return true
+	})
+
+	// The re-imaged node's agent: its own journal and boot ID, which the
+	// Node's kubelet reports.
+	dirNew, dirTwin := t.TempDir(), t.TempDir()
+	bootNew, bootTwin := "0f4b7a0e-1111-4c3e-9d1a-5a5a5a5a5a01", "0f4b7a0e-2222-4c3e-9d1a-5a5a5a5a5a02"
+	for dir, id := range map[string]string{dirNew: bootNew, dirTwin: bootTwin} {
+		if err := os.WriteFile(filepath.Join(dir, hostops.SimulatedBootIDFile), []byte(id+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		n := getNode(t, node)
+		n.Status.NodeInfo.BootID = bootNew
+		_, err := cs.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	holder := func() string {
+		ev, err := lc.Events.Get(ctx, "reimage-1", metav1.GetOptions{})
+		if err != nil || ev.Status.Holder == nil {
+			return ""
+		}
+		return ev.Status.Holder.Identity
+	}
+	reimaged := startAgent(t, node, agentOpts{retention: time.Hour, dir: dirNew})
+	// While the old agent lives (its Lease renewed), nothing is taken over;
+	// takeOver looks every 10 s: two looks.
+	time.Sleep(22 * time.Second)
+	if h := holder(); h != oldID {
+		t.Fatalf("taken over by %s while the old agent %s was live", h, oldID)
+	}
+
+	// The old agent goes (the machine was re-imaged); a twin starts too.
+	old.stop(t)
+	twin := startAgent(t, node, agentOpts{retention: time.Hour, dir: dirTwin})
+	var newID string
+	waitFor(t, "the re-imaged node's agent to take the event over once the old Lease expired", 2*time.Minute, func() bool {
+		h := holder()
+		if h != oldID && h != "" {
+			newID = h
+			return true
+		}
+		return false
+	})
+	if !strings.Contains(reimaged.logBuf.String(), "took over an event of this node") || strings.Contains(twin.logBuf.String(), "took over an event of this node") {
+		t.Fatalf("the event went to %s; want the re-imaged node's agent, never the twin (whose boot ID is not the Node's)", newID)
+	}
+
+	// The budget frees: the re-imaged node's agent ends the drain.
+	if err := cs.PolicyV1().PodDisruptionBudgets("reimaged-ns").Delete(ctx, "web", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	ev := waitEvent(t, "reimage-1", time.Minute)
+	if ev.Status.ClaimStatus != v1alpha1.LifecycleEventSucceeded || ev.Status.Holder.Identity != newID {
+		t.Fatalf("ended %s by %s: %s; want Succeeded by %s", ev.Status.ClaimStatus, ev.Status.Holder.Identity, ev.Status.Message, newID)
+	}
+	l, err := cs.CoreV1().Events(metav1.NamespaceDefault).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, k := range l.Items {
+		if k.InvolvedObject.Name == "reimage-1" && k.Reason == "TakenOver" && k.Type == corev1.EventTypeNormal && strings.Contains(k.Message, oldID) {
+			found = true
+		}
+	}
+	if !found {
+		t.Error("no Kubernetes Event TakenOver naming the old holder")
+	}
+}
