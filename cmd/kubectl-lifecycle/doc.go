@@ -25,8 +25,10 @@
 // error; 2 usage (bad flags or arguments, or a driver the node does not
 // offer: the message lists what it offers); 3 the event's SLA expired; 4
 // --timeout passed first (the work goes on); 5 the event was deleted
-// before it ended (cancelled: no end state, as lifecycle-agent's 5); 130
-// interrupted (SIGINT, SIGTERM; the work goes on).
+// before it ended (cancelled: no end state, as lifecycle-agent's 5); 6 the
+// API server did not answer (refused, reset, unreachable, timed out or
+// unavailable: retry later, as lifecycle-agent's 6); 130 interrupted
+// (SIGINT, SIGTERM; the work goes on).
 //
 // run names its event <NODE>-<DRIVER>-<random> (generateName on the
 // transition's name) and labels it app.kubernetes.io/managed-by=

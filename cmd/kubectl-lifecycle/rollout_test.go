@@ -4,6 +4,9 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"net"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -190,6 +193,33 @@ func TestOutcomeExitCodes(t *testing.T) {
 			}
 			if code != tt.code {
 				t.Errorf("exit %d, want %d", code, tt.code)
+			}
+		})
+	}
+}
+
+// An API server that does not answer exits 6, as lifecycle-agent does
+// (not 1, which says an event failed): each command that reads or writes
+// against a kubeconfig whose server refuses connections.
+func TestUnreachableExits6(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close() // nothing listens there now: connection refused
+	kc := filepath.Join(t.TempDir(), "kubeconfig")
+	cfg := "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: https://" + addr + "\n    insecure-skip-tls-verify: true\n" +
+		"users:\n- name: u\n  user:\n    token: t\ncontexts:\n- name: x\n  context:\n    cluster: c\n    user: u\ncurrent-context: x\n"
+	if err := os.WriteFile(kc, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{{"status"}, {"transitions"}, {"history"}, {"run", "drain", "n1", "--wait=false"}, {"cancel", "ev-1"}} {
+		t.Run(strings.Join(args, " "), func(t *testing.T) {
+			var out, errOut bytes.Buffer
+			code := execute(context.Background(), append(args, "--kubeconfig", kc, "--request-timeout", "5s"), &out, &errOut, clocktesting.NewFakeClock(time.Now()))
+			if code != exitUnavailable || !strings.Contains(errOut.String(), "the API server did not answer; retry later") {
+				t.Errorf("exit %d, want %d naming the unreachable server; stderr:\n%s", code, exitUnavailable, errOut.String())
 			}
 		})
 	}

@@ -5,12 +5,15 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	utilnet "k8s.io/apimachinery/pkg/util/net"
 	"k8s.io/cli-runtime/pkg/genericclioptions"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -24,11 +27,12 @@ import (
 // Exit codes; doc.go and docs/plugin.md list them for users.
 const (
 	exitOK          = 0
-	exitFailed      = 1 // an event (or a rollout node) failed, or an API error
+	exitFailed      = 1 // an event (or a rollout node) failed, or an API error (not unreachable: 6)
 	exitUsage       = 2 // bad arguments or flags; a driver the node does not offer
 	exitSlaExpired  = 3 // the event ended SlaExpired
 	exitTimeout     = 4 // --timeout passed before the end; the work goes on
 	exitCancelled   = 5 // the event was deleted before it ended (as lifecycle-agent's 5)
+	exitUnavailable = 6 // the API server did not answer: retry later (as lifecycle-agent's 6)
 	exitInterrupted = 130
 )
 
@@ -133,11 +137,22 @@ func (o *options) runE(f func(ctx context.Context, args []string) error) func(*c
 			return fail(exitInterrupted, "interrupted")
 		case missingAPI(err):
 			return fail(exitFailed, "%v: this cluster does not serve the %s API (the CRDs LifecycleEvent and LifecycleTransition are not installed); install them with the manifests: lifecycle-agent manifests | kubectl apply -f - (docs/install.md)", err, v1alpha1.GroupName)
+		case unreachable(err):
+			return fail(exitUnavailable, "%v: the API server did not answer; retry later", err)
 		case apierrors.IsForbidden(err):
 			return fail(exitFailed, "%v; a plugin user needs the ClusterRole lifecycle-agent:operator (in lifecycle-agent manifests), e.g. kubectl create clusterrolebinding lifecycle-operators --clusterrole=lifecycle-agent:operator --user=NAME", err)
 		}
 		return fail(exitFailed, "%v", err)
 	}
+}
+
+// unreachable reports whether err says the API server could not be
+// reached or did not answer in time (not an answer that refused us).
+func unreachable(err error) bool {
+	var ne net.Error
+	return utilnet.IsConnectionRefused(err) || utilnet.IsConnectionReset(err) || errors.Is(err, syscall.EHOSTUNREACH) ||
+		errors.Is(err, syscall.ENETUNREACH) || errors.As(err, &ne) && ne.Timeout() ||
+		apierrors.IsServiceUnavailable(err) || apierrors.IsServerTimeout(err)
 }
 
 // missingAPI reports whether err is the API server's 404 for a resource it
