@@ -24,6 +24,10 @@ const DriverUpgradeLabel = "nvidia.com/gpu-driver-upgrade-state"
 // runs) the agent opens a new session on the new driver.
 var DriverUpgradeReleaseStates = []string{"pod-restart-required"}
 
+// ReasonDriverUpgrade is GPUHealthy's reason (Unknown) while the GPU
+// Operator replaces the driver.
+const ReasonDriverUpgrade = "DriverUpgrade"
+
 // Reasons the agent's hold on the GPUs is paused (gpuStack.hold).
 const (
 	holdGPUReset      = "gpu-reset"
@@ -92,8 +96,8 @@ func (g *gpuStack) unhold(ctx context.Context, reason string, lenient bool, log 
 // followDriverUpgrades watches this Node's DriverUpgradeLabel until ctx
 // ends, releasing NVML in DriverUpgradeReleaseStates and taking it back
 // after. An agent started during the upgrade releases at once (the first
-// list). The health monitor is paused meanwhile: GPUHealthy keeps its last
-// value (the upgrade state says the driver is being replaced).
+// list). The health monitor is paused meanwhile and GPUHealthy is Unknown,
+// reason DriverUpgrade, until the first reading after it.
 func (g *gpuStack) followDriverUpgrades(ctx context.Context, api labelWatcher, log *slog.Logger) {
 	var mu sync.Mutex // notify is serial; the lock orders it with ctx's end
 	err := api.WatchNodeLabel(ctx, DriverUpgradeLabel, func(state string) {
@@ -113,6 +117,9 @@ func (g *gpuStack) followDriverUpgrades(ctx context.Context, api labelWatcher, l
 			log.Info("the GPU Operator is replacing the NVIDIA driver: releasing NVML so that the module can unload", "label", DriverUpgradeLabel, "state", state)
 			if err := g.hold(ctx, holdDriverUpgrade, true); err != nil {
 				log.Error("releasing NVML for the driver upgrade failed", "err", err)
+			}
+			if m := g.monitor.Load(); m != nil {
+				m.Unknown(ctx, ReasonDriverUpgrade, fmt.Sprintf("the GPU Operator is replacing the NVIDIA driver (%s=%s): the GPUs are read again once it runs", DriverUpgradeLabel, state))
 			}
 		case !release && was != "":
 			log.Info("the GPU Operator's driver upgrade moved on: opening NVML on the new driver", "label", DriverUpgradeLabel, "state", state)

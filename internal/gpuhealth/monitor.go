@@ -276,6 +276,17 @@ func (m *Monitor) Resume() {
 	}
 }
 
+// Unknown publishes GPUHealthy Unknown with reason and msg while the
+// monitor is paused for something that is not a reset — the GPU
+// Operator replacing the driver — so that the Node does not keep saying
+// the GPUs are healthy while nothing reads them; the first evaluation
+// after Resume publishes what it reads.
+func (m *Monitor) Unknown(ctx context.Context, reason, msg string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.publish(ctx, apiclient.NodeCondition{Type: devices.ConditionType, Status: corev1.ConditionUnknown, Reason: reason, Message: msg})
+}
+
 // Paused reports whether the monitor is paused.
 func (m *Monitor) Paused() bool {
 	m.pmu.Lock()

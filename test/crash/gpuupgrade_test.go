@@ -60,6 +60,9 @@ func TestGPUDriverUpgradeReleasesNVML(t *testing.T) {
 	waitFor(t, "the agent to let go of every device node", 30*time.Second, a, func() bool {
 		return heldNodes(pid, devDir) == 0
 	}, held)
+	waitFor(t, "GPUHealthy Unknown/DriverUpgrade while the driver is replaced", 30*time.Second, a, func() bool {
+		return health() == string(corev1.ConditionUnknown)+"/"+agent.ReasonDriverUpgrade
+	}, health)
 
 	tn := node + "-gpu-reset"
 	got := runGPUReset(t, lc, c, a, tn, "0")
