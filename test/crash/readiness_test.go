@@ -7,6 +7,7 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/lifecycle-agent/lifecycle-agent/api/v1alpha1"
@@ -14,16 +15,22 @@ import (
 	"github.com/lifecycle-agent/lifecycle-agent/test/testenv"
 )
 
-// TestReadinessWaitAcrossCrash: the real agent reboots a node (simulated
-// host) whose 8 nvidia.com/gpu are not re-registered after the reboot; it
-// waits before the uncordon, naming them, and is SIGKILLed during that
-// wait. Restarted, it resumes the wait against the snapshot journaled at
-// claim — not one re-read now, which would see 0 GPUs and pass at once —
-// and the event ends Succeeded, uncordoned, only once the GPUs are back.
-func TestReadinessWaitAcrossCrash(t *testing.T) {
+// readinessWait is a reboot event whose agent was SIGKILLed while it
+// waited, after the reboot, for the 8 nvidia.com/gpu the node had at claim.
+type readinessWait struct {
+	c        *crashCase
+	lc       *apiclient.LifecycleClients
+	msg      func() string
+	cordoned func() bool
+	setGPUs  func(int64)
+}
+
+const readinessMissing = "allocatable nvidia.com/gpu is 0 of 8"
+
+func killedInReadinessWait(t *testing.T, node string) readinessWait {
+	t.Helper()
 	ctx := context.Background()
 	admin := env.AdminConfig()
-	node := "ready-crash"
 	kubelet := chaosNode(t, node)
 	cs := kubernetes.NewForConfigOrDie(admin)
 	setGPUs := func(n int64) {
@@ -72,8 +79,7 @@ func TestReadinessWaitAcrossCrash(t *testing.T) {
 	waitFor(t, "the reboot done, waiting for Ready", time.Minute, a, func() bool { return strings.Contains(msg(), "reboot=Done") }, msg)
 	setGPUs(0)
 	setReady(true)
-	const missing = "allocatable nvidia.com/gpu is 0 of 8"
-	waitFor(t, "the wait naming the GPUs", time.Minute, a, func() bool { return strings.Contains(msg(), missing) }, msg)
+	waitFor(t, "the wait naming the GPUs", time.Minute, a, func() bool { return strings.Contains(msg(), readinessMissing) }, msg)
 	a.kill()
 	cordoned := func() bool {
 		n, err := cs.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
@@ -82,7 +88,58 @@ func TestReadinessWaitAcrossCrash(t *testing.T) {
 	if !cordoned() {
 		t.Fatal("the node is not cordoned while the agent waits for the GPUs")
 	}
-	a = c.start(t, "")
+	return readinessWait{c: c, lc: lc, msg: msg, cordoned: cordoned, setGPUs: setGPUs}
+}
+
+// TestReadinessWaitCancelledWhileDown: the event is deleted while its agent
+// is down in the readiness wait (killed there). Restarted, the agent
+// cancels it: the node is uncordoned (the cordon was ours), the event is
+// gone with no end state ever written, nothing waits any more.
+func TestReadinessWaitCancelledWhileDown(t *testing.T) {
+	ctx := context.Background()
+	w := killedInReadinessWait(t, "ready-cancel")
+	wa, err := w.lc.Events.Watch(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + w.c.event})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer wa.Stop()
+	if err := w.lc.Events.Delete(ctx, w.c.event, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	a := w.c.start(t, "")
+	defer func() { _ = a.stop(30 * time.Second) }()
+	timeout := time.After(time.Minute)
+	for gone := false; !gone; {
+		select {
+		case e, ok := <-wa.ResultChan():
+			if !ok {
+				t.Fatal("the test's watch ended")
+			}
+			if e.Type == watch.Deleted {
+				gone = true
+				break
+			}
+			if ev, ok := e.Object.(*v1alpha1.LifecycleEvent); ok && ev.Status.ClaimStatus.Finished() {
+				t.Errorf("an end state on the cancelled event: %s %q", ev.Status.ClaimStatus, ev.Status.Message)
+			}
+		case <-timeout:
+			t.Fatalf("the cancelled event is not gone a minute after the restart: %s", w.msg())
+		}
+	}
+	waitFor(t, "the node uncordoned", 30*time.Second, a, func() bool { return !w.cordoned() })
+}
+
+// TestReadinessWaitAcrossCrash: the real agent reboots a node (simulated
+// host) whose 8 nvidia.com/gpu are not re-registered after the reboot; it
+// waits before the uncordon, naming them, and is SIGKILLed during that
+// wait. Restarted, it resumes the wait against the snapshot journaled at
+// claim — not one re-read now, which would see 0 GPUs and pass at once —
+// and the event ends Succeeded, uncordoned, only once the GPUs are back.
+func TestReadinessWaitAcrossCrash(t *testing.T) {
+	w := killedInReadinessWait(t, "ready-crash")
+	c, msg, cordoned, setGPUs := w.c, w.msg, w.cordoned, w.setGPUs
+	const missing = readinessMissing
+	a := c.start(t, "")
 	defer func() { _ = a.stop(30 * time.Second) }()
 	// The restarted agent waits again (it has 5 s to wrongly pass).
 	time.Sleep(5 * time.Second)
