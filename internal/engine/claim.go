@@ -494,6 +494,9 @@ func (e *Engine) claim(ctx context.Context, cached *v1alpha1.LifecycleEvent) (*a
 		if err := e.rebuildSteps(a); err != nil {
 			return nil, err
 		}
+		if err := e.rebuildCordon(ctx, a); err != nil {
+			return nil, err
+		}
 	}
 	if planErr != nil {
 		// Bad parameters: claimed, then failed with the reason; nothing was done.
@@ -665,6 +668,36 @@ func isTransient(err error) bool {
 }
 
 var _ = drivers.Prefix
+
+// rebuildCordon gives an adopted event back the ownership of the Node's
+// cordon when the Node's annotation says this event made it: the journal
+// that recorded the ownership is gone (a re-imaged node, a lost disk), and
+// the annotation, written with the cordon, is the evidence it kept.
+// Without it the event's uncordon would leave the node cordoned for good.
+func (e *Engine) rebuildCordon(ctx context.Context, a *active) error {
+	ch := journal.Change{Kind: journal.ChangeCordon, Node: e.cfg.Node, EventUID: a.uid, Value: a.name}
+	owned, err := e.cfg.Journal.Owned()
+	if err != nil {
+		return err
+	}
+	for _, o := range owned {
+		if o.Key() == ch.Key() && o.EventUID == a.uid {
+			return nil
+		}
+	}
+	n, err := e.cfg.API.GetNode(ctx)
+	if err != nil {
+		return err
+	}
+	if !n.Spec.Unschedulable || n.Annotations[v1alpha1.AnnotationCordonedBy] != a.name {
+		return nil
+	}
+	if _, err := e.cfg.Journal.AddOwned(ch); err != nil {
+		return err
+	}
+	e.log.Info("adopted event: the Node's cordon is its own (the Node's annotation names it)", "event", a.name)
+	return nil
+}
 
 // rebuildSteps seeds the journal of an adopted event (claimed by this
 // agent's identity, but not in its journal: the journal was lost or moved

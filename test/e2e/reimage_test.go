@@ -14,36 +14,42 @@ import (
 	"k8s.io/client-go/util/retry"
 
 	"github.com/lifecycle-agent/lifecycle-agent/api/v1alpha1"
+	"github.com/lifecycle-agent/lifecycle-agent/internal/config"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/hostops"
 )
 
-// TestReimagedNodeTakesOverItsEvent: the identity includes the machine-id
-// (and the journal's path), so a node re-imaged mid-event comes back as
-// another identity with no journal of it. It takes the event over only
-// when no live agent holds the node's Lease and this host runs the Node's
+// TestReimagedNodeTakesOverItsEvent: a provisioning pipeline's external OS
+// upgrade re-images the node mid-event. The identity includes the
+// machine-id (and the journal's path), so the new image's agent is another
+// identity with no journal of the event. It takes the event over only when
+// no live agent holds the node's Lease and this host runs the Node's
 // kubelet (its boot ID is the Node's status.nodeInfo.bootID):
 //   - another identity on the node's machine while the old agent lives:
 //     refused (the Lease is live);
 //   - a twin (another machine given this node name) after the old agent
 //     died: refused (its boot ID is not the Node's);
 //   - the re-imaged node's agent after the old one's Lease expired: takes
-//     it over, resumes it from its status and ends it Succeeded.
+//     it over, sees the reboot (the claim's boot ID is kept), verifies the
+//     upgrade's target on the new image and ends it Succeeded, uncordoned.
 func TestReimagedNodeTakesOverItsEvent(t *testing.T) {
 	node := "reimaged"
 	newNode(t, node)
-	w := startWorkload(t, "reimaged-ns", node, "", 1, 1) // held by its budget
-	_ = w
 	ctx := context.Background()
 	lc := clients(t, env.AdminConfig())
 	cs := kubernetes.NewForConfigOrDie(env.AdminConfig())
+	upgrades := func(c *config.Config) {
+		c.OSUpgrade.Profiles = map[string]config.OSUpgradeProfile{
+			"debian-full-upgrade": {Command: []string{"/usr/bin/apt-get", "-y", "full-upgrade"}, Timeout: time.Minute, RebootPolicy: config.RebootAlways},
+		}
+	}
 
-	old := startAgent(t, node, agentOpts{retention: time.Hour})
-	waitTransition(t, transitionName(node, "drain"))
-	createEvent(t, "reimage-1", node, transitionName(node, "drain"), nil, nil)
+	old := startAgent(t, node, agentOpts{retention: time.Hour, configure: upgrades})
+	waitTransition(t, transitionName(node, "os-upgrade"))
+	createEvent(t, "reimage-1", node, transitionName(node, "os-upgrade"), map[string]string{"mode": "external", "targetVersionID": "13"}, nil)
 	var oldID string
-	waitFor(t, "the drain claimed and held by the budget", 30*time.Second, func() bool {
+	waitFor(t, "the node drained, waiting for the pipeline's reboot", 30*time.Second, func() bool {
 		ev, err := lc.Events.Get(ctx, "reimage-1", metav1.GetOptions{})
-		if err != nil || ev.Status.Holder == nil || ev.Status.CurrentStep != "evict" {
+		if err != nil || ev.Status.Holder == nil || ev.Status.CurrentStep != "wait-reboot" {
 			return false
 		}
 		oldID = ev.Status.Holder.Identity
@@ -56,6 +62,10 @@ func TestReimagedNodeTakesOverItsEvent(t *testing.T) {
 	bootNew, bootTwin := "0f4b7a0e-1111-4c3e-9d1a-5a5a5a5a5a01", "0f4b7a0e-2222-4c3e-9d1a-5a5a5a5a5a02"
 	for dir, id := range map[string]string{dirNew: bootNew, dirTwin: bootTwin} {
 		if err := os.WriteFile(filepath.Join(dir, hostops.SimulatedBootIDFile), []byte(id+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		// The new image's release, which the upgrade's target names.
+		if err := os.WriteFile(filepath.Join(dir, hostops.SimulatedOSReleaseFile), []byte("VERSION_ID=\"13\"\n"), 0o600); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -74,7 +84,7 @@ func TestReimagedNodeTakesOverItsEvent(t *testing.T) {
 		}
 		return ev.Status.Holder.Identity
 	}
-	reimaged := startAgent(t, node, agentOpts{retention: time.Hour, dir: dirNew})
+	reimaged := startAgent(t, node, agentOpts{retention: time.Hour, dir: dirNew, configure: upgrades})
 	// While the old agent lives (its Lease renewed), nothing is taken over;
 	// takeOver looks every 10 s: two looks.
 	time.Sleep(22 * time.Second)
@@ -84,7 +94,7 @@ func TestReimagedNodeTakesOverItsEvent(t *testing.T) {
 
 	// The old agent goes (the machine was re-imaged); a twin starts too.
 	old.stop(t)
-	twin := startAgent(t, node, agentOpts{retention: time.Hour, dir: dirTwin})
+	twin := startAgent(t, node, agentOpts{retention: time.Hour, dir: dirTwin, configure: upgrades})
 	var newID string
 	waitFor(t, "the re-imaged node's agent to take the event over once the old Lease expired", 2*time.Minute, func() bool {
 		h := holder()
@@ -98,13 +108,12 @@ func TestReimagedNodeTakesOverItsEvent(t *testing.T) {
 		t.Fatalf("the event went to %s; want the re-imaged node's agent, never the twin (whose boot ID is not the Node's)", newID)
 	}
 
-	// The budget frees: the re-imaged node's agent ends the drain.
-	if err := cs.PolicyV1().PodDisruptionBudgets("reimaged-ns").Delete(ctx, "web", metav1.DeleteOptions{}); err != nil {
-		t.Fatal(err)
-	}
 	ev := waitEvent(t, "reimage-1", time.Minute)
 	if ev.Status.ClaimStatus != v1alpha1.LifecycleEventSucceeded || ev.Status.Holder.Identity != newID {
-		t.Fatalf("ended %s by %s: %s; want Succeeded by %s", ev.Status.ClaimStatus, ev.Status.Holder.Identity, ev.Status.Message, newID)
+		t.Fatalf("ended %s by %s: %s [%s]; want Succeeded by %s", ev.Status.ClaimStatus, ev.Status.Holder.Identity, ev.Status.Message, stepStates(ev), newID)
+	}
+	if !strings.Contains(stepStates(ev), "verify=Done") || getNode(t, node).Spec.Unschedulable {
+		t.Errorf("steps %s, cordoned %v: want the target verified and the node uncordoned", stepStates(ev), getNode(t, node).Spec.Unschedulable)
 	}
 	l, err := cs.CoreV1().Events(metav1.NamespaceDefault).List(ctx, metav1.ListOptions{})
 	if err != nil {
