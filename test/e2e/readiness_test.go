@@ -283,3 +283,29 @@ func TestReadinessCancel(t *testing.T) {
 		return err != nil && !getNode(t, node).Spec.Unschedulable
 	})
 }
+
+// TestReadinessDaemonSetNamespaces: readiness.daemonSets.namespaces narrows
+// the DaemonSets the uncordon waits for, through the agent as wired: the
+// device plugin's pod (in a namespace not listed) is not Ready after the
+// reboot and the event ends Succeeded, uncordoned, all the same; listed,
+// the same pod holds the node (TestReadinessBeforeUncordon).
+func TestReadinessDaemonSetNamespaces(t *testing.T) {
+	node := "ready-ns-node"
+	r := newReadinessNode(t, node)
+	startAgent(t, node, agentOpts{retention: time.Hour, configure: func(c *config.Config) {
+		c.Readiness.DaemonSets.Namespaces = []string{"kube-system"}
+	}})
+	r.startReboot("ready-ns-1")
+	r.setPodReady(false)
+	r.setReady(true)
+	ev := waitEvent(t, "ready-ns-1", time.Minute)
+	if ev.Status.ClaimStatus != v1alpha1.LifecycleEventSucceeded || !strings.Contains(stepStates(ev), "wait-workloads-ready=Done,uncordon=Done") {
+		t.Fatalf("reboot ended %s: %s [%s]; want Succeeded without waiting for a DaemonSet outside readiness.daemonSets.namespaces", ev.Status.ClaimStatus, ev.Status.Message, stepStates(ev))
+	}
+	if r.podReady() {
+		t.Fatal("the DaemonSet pod is Ready: the test's premise is that it is not")
+	}
+	if getNode(t, node).Spec.Unschedulable {
+		t.Error("the node is still cordoned after the event succeeded")
+	}
+}
