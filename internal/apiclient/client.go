@@ -152,22 +152,16 @@ func New(cfg *rest.Config, node string, timeout time.Duration) (*Client, error) 
 	return &Client{Node: node, Core: core, LC: lc, watchLC: wlc, evicts: rec, restCfg: c, contact: contact}, nil
 }
 
-// watchConfig is the client's rest.Config without the client-side timeout,
-// for watches (see New).
-func (c *Client) watchConfig() *rest.Config {
-	wc := rest.CopyConfig(c.restCfg)
-	wc.Timeout = 0
-	return wc
-}
-
 // watchClients is Core without the client-side timeout, for the drain's
-// PodDisruptionBudget and pod watches: with it, rest.Config.Timeout cut
-// each watch after apiTimeout (30 s), and every cut re-listed. Built at
-// first use (most agents drain rarely).
+// PodDisruptionBudget and pod watches and the Node label watch: with it,
+// rest.Config.Timeout cut each watch after apiTimeout, and every cut
+// re-listed. Built at first use (most agents drain rarely).
 func (c *Client) watchClients() kubernetes.Interface {
 	c.watchCoreOnce.Do(func() {
 		c.watchCore = c.Core // a malformed config only, which New refused
-		if cs, err := kubernetes.NewForConfig(c.watchConfig()); err == nil {
+		wc := rest.CopyConfig(c.restCfg)
+		wc.Timeout = 0 // as watchLC's (New)
+		if cs, err := kubernetes.NewForConfig(wc); err == nil {
 			c.watchCore = cs
 		}
 	})

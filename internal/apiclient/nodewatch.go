@@ -10,21 +10,17 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
-	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/tools/cache"
 )
 
 // WatchNodeLabel calls notify with the value of this Node's label key ("":
 // absent, or the Node gone) once the first list has been read and then at
 // every change of that value, until ctx ends. One informer over this Node
-// alone (fieldSelector metadata.name), on a connection without the
-// client-side timeout (watchConfig); notify runs on the informer's
+// alone (fieldSelector metadata.name), on the clients without the
+// client-side timeout (watchClients); notify runs on the informer's
 // goroutine, one call at a time.
 func (c *Client) WatchNodeLabel(ctx context.Context, key string, notify func(value string)) error {
-	core, err := corev1client.NewForConfig(c.watchConfig())
-	if err != nil {
-		return fmt.Errorf("apiclient: watch node label %s: %w", key, err)
-	}
+	core := c.watchClients().CoreV1()
 	sel := fields.OneTermEqualSelector("metadata.name", c.Node).String()
 	lw := &cache.ListWatch{
 		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
