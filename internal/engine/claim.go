@@ -26,17 +26,17 @@ import (
 // tryClaim claims the oldest claimable event, or returns nil. fresh, when
 // not nil, is a direct list to claim from instead of the watch's cache.
 func (e *Engine) tryClaim(ctx context.Context, fresh []*v1alpha1.LifecycleEvent) *active {
-	cands := e.candidates(fresh)
-	if len(cands) == 0 && fresh == nil {
-		// Nothing of ours or waiting: maybe an event of this node held by
-		// an identity that is gone for good (takeOver).
-		all := e.watch.List()
-		if blocker := e.claimedByOther(all); blocker != nil {
-			if taken, why := e.takeOver(ctx, blocker); taken != nil {
-				return e.tryClaim(ctx, withEvent(all, taken))
-			} else if why != "" {
-				e.log.Debug("not taking over", "event", blocker.Name, "holder", blocker.Status.Holder.Identity, "why", why)
-			}
+	all := fresh
+	if all == nil {
+		all = e.watch.List()
+	}
+	cands := e.candidates(all)
+	blocker := e.claimedByOther(all)
+	if blocker != nil {
+		// A re-imaged node's own event, claimed by its old identity (the
+		// machine-id changed): taken over once no live agent holds it.
+		if taken := e.takeOver(ctx, blocker); taken != nil {
+			return e.tryClaim(ctx, withEvent(all, taken)) // now ours: adopted
 		}
 	}
 	if len(cands) == 0 {
@@ -47,18 +47,7 @@ func (e *Engine) tryClaim(ctx context.Context, fresh []*v1alpha1.LifecycleEvent)
 		}
 		return nil
 	}
-	all := fresh
-	if all == nil {
-		all = e.watch.List()
-	}
-	if blocker := e.claimedByOther(all); blocker != nil {
-		// A re-imaged node's own event, claimed by its old identity (the
-		// machine-id changed): taken over once no live agent holds it.
-		if taken, why := e.takeOver(ctx, blocker); taken != nil {
-			return e.tryClaim(ctx, withEvent(all, taken)) // now ours: adopted
-		} else if why != "" {
-			e.log.Debug("not taking over", "event", blocker.Name, "holder", blocker.Status.Holder.Identity, "why", why)
-		}
+	if blocker != nil {
 		// One Claimed event per node, whoever claimed it (a third-party
 		// controller implementing the proposal, another agent given this
 		// node name): our own claimed events are adopted, new ones wait.
@@ -119,9 +108,17 @@ func (e *Engine) tryClaim(ctx context.Context, fresh []*v1alpha1.LifecycleEvent)
 // The holder is rewritten with a guarded status update (of two racing
 // agents one wins); the claim's boot ID is kept, so that the steps rebuilt
 // from the status (rebuildSteps) still date from the old boot: a reboot
-// since then is seen as one. It returns the updated event, or nil and why
-// not ("" when ev is not a candidate at all).
-func (e *Engine) takeOver(ctx context.Context, ev *v1alpha1.LifecycleEvent) (*v1alpha1.LifecycleEvent, string) {
+// since then is seen as one. It returns the updated event, or nil (why
+// not is logged at debug level).
+func (e *Engine) takeOver(ctx context.Context, ev *v1alpha1.LifecycleEvent) *v1alpha1.LifecycleEvent {
+	got, why := e.takeOverWhy(ctx, ev)
+	if got == nil && why != "" {
+		e.log.Debug("not taking over", "event", ev.Name, "holder", ev.Status.Holder.Identity, "why", why)
+	}
+	return got
+}
+
+func (e *Engine) takeOverWhy(ctx context.Context, ev *v1alpha1.LifecycleEvent) (*v1alpha1.LifecycleEvent, string) {
 	old := ev.Status.Holder.Identity
 	if !strings.HasPrefix(old, e.cfg.Node+"/") {
 		return nil, ""
@@ -132,6 +129,11 @@ func (e *Engine) takeOver(ctx context.Context, ev *v1alpha1.LifecycleEvent) (*v1
 	}
 	if e.tookOverAt == nil {
 		e.tookOverAt = map[string]time.Time{}
+	}
+	for uid, at := range e.tookOverAt { // events long gone
+		if now.Sub(at) >= takeOverEvery {
+			delete(e.tookOverAt, uid)
+		}
 	}
 	e.tookOverAt[string(ev.UID)] = now
 	if h, err := e.cfg.API.NodeLeaseHolder(ctx, now); err != nil {
