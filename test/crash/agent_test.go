@@ -1,7 +1,6 @@
 package crash
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -20,6 +19,7 @@ import (
 	"time"
 
 	"github.com/lifecycle-agent/lifecycle-agent/internal/journal"
+	"github.com/lifecycle-agent/lifecycle-agent/test/testenv"
 )
 
 // agentProc is one run of the real agent binary.
@@ -226,25 +226,6 @@ func (c *crashCase) exportJournal() (*journal.ExportDoc, error) {
 	return &doc, nil
 }
 
-// auditEvent is the part of an audit.k8s.io/v1 Event the test reads.
-type auditEvent struct {
-	Stage string `json:"stage"`
-	Verb  string `json:"verb"`
-	User  struct {
-		Username string `json:"username"`
-	} `json:"user"`
-	ObjectRef *struct {
-		Resource    string `json:"resource"`
-		Subresource string `json:"subresource"`
-		Namespace   string `json:"namespace"`
-		Name        string `json:"name"`
-	} `json:"objectRef"`
-	ResponseStatus *struct {
-		Code int `json:"code"`
-	} `json:"responseStatus"`
-	StageTimestamp time.Time `json:"stageTimestamp"`
-}
-
 // evictions counts the eviction requests (pods/eviction create) for pods of
 // namespace ns in the audit log, by pod and response code, and by user.
 type evictions struct {
@@ -257,42 +238,26 @@ type evictions struct {
 
 func auditEvictions(ns string) (evictions, error) {
 	ev := evictions{accepted: map[string]int{}, users: map[string]int{}}
-	f, err := os.Open(env.AuditLogPath())
+	reqs, err := testenv.PodRequests(env.AuditLogPath(), ns)
 	if err != nil {
 		return ev, err
 	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 1<<20), 16<<20)
-	for sc.Scan() {
-		line := sc.Bytes()
-		if !bytes.Contains(line, []byte(`"eviction"`)) {
+	for _, r := range reqs {
+		if r.Verb != "create" || r.Subresource != "eviction" {
 			continue
 		}
-		var a auditEvent
-		if err := json.Unmarshal(line, &a); err != nil {
-			return ev, fmt.Errorf("audit log: %w", err)
-		}
-		r := a.ObjectRef
-		if a.Stage != "ResponseComplete" || a.Verb != "create" || r == nil || r.Resource != "pods" || r.Subresource != "eviction" || r.Namespace != ns {
-			continue
-		}
-		code := 0
-		if a.ResponseStatus != nil {
-			code = a.ResponseStatus.Code
-		}
-		ev.users[a.User.Username]++
-		switch code {
+		ev.users[r.User]++
+		switch r.Code {
 		case http.StatusCreated:
-			ev.accepted[r.Name]++
-			ev.acceptedAt = append(ev.acceptedAt, a.StageTimestamp)
+			ev.accepted[r.Pod]++
+			ev.acceptedAt = append(ev.acceptedAt, r.At)
 		case http.StatusTooManyRequests:
 			ev.refused++
 		default:
-			ev.other = append(ev.other, fmt.Sprintf("%s %d", r.Name, code))
+			ev.other = append(ev.other, fmt.Sprintf("%s %d", r.Pod, r.Code))
 		}
 	}
-	return ev, sc.Err()
+	return ev, nil
 }
 
 // freePort returns a free TCP port on 127.0.0.1 below Linux's ephemeral
