@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
-	"sync"
 )
 
 // DriverUpgradeLabel is the GPU Operator's driver upgrade state on the
@@ -98,11 +97,9 @@ func (g *gpuStack) unhold(ctx context.Context, reason string, lenient bool, log 
 // after. An agent started during the upgrade releases at once (the first
 // list). The health monitor is paused meanwhile and GPUHealthy is Unknown,
 // reason DriverUpgrade, until the first reading after it.
+// WatchNodeLabel calls notify one call at a time (apiclient).
 func (g *gpuStack) followDriverUpgrades(ctx context.Context, api labelWatcher, log *slog.Logger) {
-	var mu sync.Mutex // notify is serial; the lock orders it with ctx's end
 	err := api.WatchNodeLabel(ctx, DriverUpgradeLabel, func(state string) {
-		mu.Lock()
-		defer mu.Unlock()
 		release := slices.Contains(DriverUpgradeReleaseStates, state)
 		g.holdMu.Lock()
 		was := g.upgrading
