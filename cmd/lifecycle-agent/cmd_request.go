@@ -43,9 +43,7 @@ The first line printed is the event's name ("<name> created", or with
 -o name the bare name), so that a pipeline can keep it and follow the event
 later with "lifecycle-agent wait <name>", e.g. after the reboot it asked for.
 -o json prints one JSON object per line: the event at once, then with --wait
-one per change, the last with "result" and "exitCode".
-
-` + exitCodeHelp(),
+one per change, the last with "result" and "exitCode".`,
 		Example: `  lifecycle-agent request drain --param gracePeriodSeconds=60 --wait --timeout 30m
   ev=$(lifecycle-agent request reboot -o name) && lifecycle-agent wait "$ev" --timeout 30m`,
 		Args:        exactArgs(1, "driver name, e.g. 'lifecycle-agent request reboot'"),

@@ -33,9 +33,7 @@ not publish (with why).
 state: is "starting" until the agent has published its transitions and
 watches its events (it resumes journaled events before that), then "idle",
 "event <name>: step <step>", "event <name>: finishing (...)", "event <name>:
-waiting for a disruption slot (...)" or "shutting down".
-
-` + exitCodeHelp(),
+waiting for a disruption slot (...)" or "shutting down".`,
 		Args:        noArgs,
 		Annotations: needsConfig,
 		RunE: func(cmd *cobra.Command, _ []string) error {

@@ -34,9 +34,7 @@ withdraws the transitions of drivers that are disabled by itself when it
 starts; this command is for an agent that stops for good: apt remove runs it.
 
 Stop the agent first (it holds the journal). A transition that an unfinished
-event in the journal uses is kept, and the command fails, unless --force.
-
-` + exitCodeHelp(),
+event in the journal uses is kept, and the command fails, unless --force.`,
 		Example:     "  systemctl stop lifecycle-agent && lifecycle-agent unpublish",
 		Args:        noArgs,
 		Annotations: needsConfig,

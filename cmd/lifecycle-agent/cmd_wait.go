@@ -22,9 +22,7 @@ agent's control socket: for a pipeline that asked for a reboot with
 API server does not answer, the agent answers from what it runs and from its
 journal; while the agent itself does not answer (stopped, restarting), the
 outcome is read from its journal's history, and the wait goes on for up to
---agent-timeout for the agent to return.
-
-` + exitCodeHelp(),
+--agent-timeout for the agent to return.`,
 		Example: `  ev=$(lifecycle-agent request reboot -o name)
   # ... the node reboots; the pipeline reconnects ...
   lifecycle-agent wait "$ev" --timeout 30m`,

@@ -17,7 +17,7 @@
 //	lifecycle-agent journal verify|export|compact
 //	lifecycle-agent journal check-file PATH     hidden: in-process integrity check
 //	lifecycle-agent manifests                   CRDs, RBAC, admission policy
-//	lifecycle-agent version | --version
+//	lifecycle-agent version [-o json] | --version
 //	lifecycle-agent gen-man DIR                 hidden: man pages for the .deb
 //	lifecycle-agent completion bash|zsh|fish    hidden: shell completion (cobra)
 //
@@ -39,17 +39,20 @@
 // # Errors and exit codes
 //
 // cobra's own printing is silenced; execute prints every error as ONE line on
-// stderr and maps it to an exit code. One table for every command
-// (exitcodes.go, printed in --help, the man page and docs/pipelines.md):
+// stderr and maps it to an exit code. One table for every command of both
+// binaries (internal/exitcode; exitcode.AddToHelp appends it to every
+// command's --help and so to the man pages; docs/pipelines.md carries it):
 //
-//	0  succeeded    success (including --help and --version); the event Succeeded
-//	1  failed       the command ran and failed; the event Failed
-//	2  usage        nothing was done: bad command line, bad configuration, a
-//	                driver or parameter the agent refuses
-//	3  sla-expired  the event's SLA expired
-//	4  timeout      --timeout passed while the event still ran
-//	5  cancelled    the event was deleted before it ended
-//	6  unavailable  the agent (or the API server) did not answer: retry later
+//	0    succeeded    success (including --help and --version); the event Succeeded
+//	1    failed       the command ran and failed; the event Failed
+//	2    usage        nothing was done: bad command line, bad configuration, a
+//	                  driver or parameter the agent refuses
+//	3    sla-expired  the event's SLA expired
+//	4    timeout      --timeout passed while the event still ran
+//	5    cancelled    the event was deleted before it ended
+//	6    unavailable  the agent (or the API server) did not answer: retry later
+//	130  interrupted  SIGINT or SIGTERM stopped a command (wait, request
+//	                  --wait); run stops cleanly on them and exits 0
 //
 //	lifecycle-agent: <command>: <error>
 //	lifecycle-agent: <command>: <error>; run 'lifecycle-agent <command> --help'

@@ -1,18 +1,27 @@
 package main
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 
+	"github.com/spf13/cobra"
+
+	"github.com/lifecycle-agent/lifecycle-agent/internal/exitcode"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/journal"
 )
 
@@ -130,6 +139,13 @@ func TestExitCodes(t *testing.T) {
 			stderr: `^lifecycle-agent: wait: ` + ev + `: still running after 1\.5s \(it goes on\); follow it again: lifecycle-agent wait ` + ev + `$`},
 		{name: "request --wait timeout", code: exitTimeout, socket: running.socket, args: []string{"request", "reboot", "--wait", "--timeout", "1s", "-o", "name"},
 			stdout: `^smoke-node-reboot-1\n$`, stderr: `still running after 1s \(it goes on\)`},
+		{name: "request --wait: the event Failed", code: exitFailure, event: eventAnswer("Failed", "drain", "step drain failed: eviction refused"),
+			args: []string{"request", "drain", "--wait", "-o", "name"}, stdout: `^smoke-node-drain-1\n$`,
+			stderr: `^lifecycle-agent: request: smoke-node-drain-1 failed: step drain failed: eviction refused$`},
+		{name: "request --wait: sla expired", code: exitSlaExpired, event: eventAnswer("SlaExpired", "wait-boot", "SLA 2h0m0s expired"),
+			args: []string{"request", "reboot", "--wait"}, stderr: `^lifecycle-agent: request: smoke-node-reboot-1: sla expired: SLA 2h0m0s expired$`},
+		{name: "request --wait: cancelled", code: exitCancelled, socket: gone.socket, args: []string{"request", "reboot", "--wait"},
+			stderr: `^lifecycle-agent: request: smoke-node-reboot-1 was cancelled: event smoke-node-reboot-1 does not exist`},
 		{name: "cancelled: deleted before it ended", code: exitCancelled, socket: gone.socket, args: []string{"wait", ev},
 			stderr: `^lifecycle-agent: wait: ` + ev + ` was cancelled: event ` + ev + ` does not exist: cancelled before it ended, or never bound to this node$`},
 		{name: "cancelled: the journal's outcome", code: exitCancelled,
@@ -243,26 +259,119 @@ func TestRequestOutput(t *testing.T) {
 	}
 }
 
-// The table is the same in --help and in docs/pipelines.md.
+// Every command's --help, cobra's help and completion commands and the
+// hidden ones included, ends with the one exit code table
+// (internal/exitcode), and docs/pipelines.md carries it.
 func TestExitCodesDocumented(t *testing.T) {
-	help := agent(t, nil, "--help").stdout
-	if !strings.Contains(help, exitCodeHelp()) {
-		t.Errorf("lifecycle-agent --help lacks the exit code table:\n%s", help)
-	}
-	for _, cmd := range []string{"request", "wait", "status"} {
-		if out := agent(t, nil, cmd, "--help").stdout; !strings.Contains(out, exitCodeHelp()) {
-			t.Errorf("lifecycle-agent %s --help lacks the exit code table", cmd)
+	var paths [][]string
+	var walk func(c *cobra.Command, path []string)
+	walk = func(c *cobra.Command, path []string) {
+		paths = append(paths, path)
+		for _, s := range c.Commands() {
+			walk(s, append(slices.Clone(path), s.Name()))
 		}
+	}
+	walk(newRootCmd(&env{}), nil)
+	if len(paths) < 20 {
+		t.Fatalf("walked %d commands: the tree is not all there", len(paths))
+	}
+	for _, p := range paths {
+		var stdout, stderr bytes.Buffer
+		code := execute(context.Background(), append(p, "--help"), &stdout, &stderr)
+		if code != exitOK || exitcode.FromHelp(stdout.String()) != exitcode.Help() {
+			t.Errorf("lifecycle-agent %s --help: exit %d; the exit code table is not in:\n%s%s", strings.Join(p, " "), code, stdout.String(), stderr.String())
+		}
+	}
+	// The real binary too.
+	if got := exitcode.FromHelp(agent(t, nil, "wait", "--help").stdout); got != exitcode.Help() {
+		t.Errorf("lifecycle-agent wait --help prints the table\n%s\nwant\n%s", got, exitcode.Help())
 	}
 	doc, err := os.ReadFile("../../docs/pipelines.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, c := range exitCodes {
-		row := fmt.Sprintf("| %d | `%s` | %s |", c.Code, c.Name, c.Meaning)
-		if !strings.Contains(string(doc), row) {
-			t.Errorf("docs/pipelines.md lacks the row\n%s", row)
+	if !strings.Contains(string(doc), exitcode.Markdown()) {
+		t.Errorf("docs/pipelines.md lacks the table\n%s", exitcode.Markdown())
+	}
+}
+
+// Every code of the table has its row in TestExitCodes or
+// TestExitInterrupted: the table and the tests stay in step.
+func TestEveryExitCodeTested(t *testing.T) {
+	src, err := os.ReadFile("exitcodes_test.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := map[int]string{exitOK: "exitOK", exitFailure: "exitFailure", exitUsage: "exitUsage", exitSlaExpired: "exitSlaExpired",
+		exitTimeout: "exitTimeout", exitCancelled: "exitCancelled", exitUnavailable: "exitUnavailable", exitInterrupted: "exitInterrupted"}
+	for _, c := range exitcode.Table {
+		n, ok := names[c.Code]
+		if !ok || !strings.Contains(string(src), "code: "+n+",") {
+			t.Errorf("exit %d (%s): no test row with code: %s", c.Code, c.Name, n)
 		}
+	}
+}
+
+// SIGINT (Ctrl-C) or SIGTERM while wait or request --wait follows an event
+// exits 130, interrupted, as kubectl lifecycle does; the event goes on.
+func TestExitInterrupted(t *testing.T) {
+	const ev = "smoke-node-reboot-20261201-100000-000003"
+	running := startFakeAgent(t, eventAnswer("Claimed", "reboot", "rebooting"))
+	tests := []struct {
+		name   string
+		code   int
+		sig    os.Signal
+		args   []string
+		stderr string
+		json   bool
+	}{
+		{name: "wait, SIGINT", code: exitInterrupted, sig: os.Interrupt, args: []string{"wait", ev},
+			stderr: `^lifecycle-agent: wait: ` + ev + `: interrupted \(it goes on\); follow it again: lifecycle-agent wait ` + ev + `$`},
+		{name: "request --wait -o json, SIGTERM", code: exitInterrupted, sig: syscall.SIGTERM, args: []string{"request", "reboot", "--wait", "-o", "json"},
+			stderr: `^lifecycle-agent: request: smoke-node-reboot-1: interrupted \(it goes on\)`, json: true},
+	}
+	for _, tt := range tests {
+		t.Run(fmt.Sprintf("%d %s", tt.code, tt.name), func(t *testing.T) {
+			cmd := exec.Command(binary, tt.args...)
+			cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + t.TempDir(), "LIFECYCLE_AGENT_CONFIG=" + configFile(t, ""),
+				"LIFECYCLE_AGENT_NODE_NAME=smoke-node", "LIFECYCLE_AGENT_SOCKET_PATH=" + running.socket}
+			var stderr bytes.Buffer
+			cmd.Stderr = &stderr
+			out, err := cmd.StdoutPipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			// Signal once it follows the event: its first progress line.
+			sc := bufio.NewScanner(out)
+			var lines []string
+			for sc.Scan() {
+				lines = append(lines, sc.Text())
+				if strings.Contains(sc.Text(), "Claimed") {
+					break
+				}
+			}
+			if err := cmd.Process.Signal(tt.sig); err != nil {
+				t.Fatal(err)
+			}
+			for sc.Scan() {
+				lines = append(lines, sc.Text())
+			}
+			err = cmd.Wait()
+			var ee *exec.ExitError
+			if !errors.As(err, &ee) || ee.ExitCode() != tt.code {
+				t.Fatalf("%v: want exit %d\nstdout: %s\nstderr: %s", err, tt.code, strings.Join(lines, "\n"), stderr.String())
+			}
+			checkOneLine(t, stderr.String(), tt.stderr)
+			if tt.json {
+				var last progress
+				if err := json.Unmarshal([]byte(lines[len(lines)-1]), &last); err != nil || last.ExitCode == nil || *last.ExitCode != tt.code || last.Result != "interrupted" {
+					t.Errorf("last JSON line %q: want result interrupted, exitCode %d (%v)", lines[len(lines)-1], tt.code, err)
+				}
+			}
+		})
 	}
 }
 

@@ -245,7 +245,7 @@ func follow(ctx context.Context, e *env, name string, o followOptions) error {
 		select {
 		case <-ctx.Done():
 			if !errors.Is(ctx.Err(), context.DeadlineExceeded) {
-				return ctx.Err()
+				return f.end(progress{}, exitInterrupted, fmt.Sprintf("%s: interrupted (it goes on); follow it again: lifecycle-agent wait %s", name, name))
 			}
 			if agentErr != nil {
 				return f.end(progress{}, exitUnavailable, fmt.Sprintf("%s: unknown after %s: %v", name, o.Timeout, agentErr))

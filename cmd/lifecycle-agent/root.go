@@ -12,6 +12,7 @@ import (
 
 	daemon "github.com/lifecycle-agent/lifecycle-agent/internal/agent"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/config"
+	"github.com/lifecycle-agent/lifecycle-agent/internal/exitcode"
 )
 
 // annNeedsConfig marks commands that load the configuration before they run.
@@ -78,6 +79,12 @@ func execute(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	// are usage errors.
 	ee := &exitError{code: exitUsage, err: err, hint: true}
 	errors.As(err, &ee)
+	if ee.code == exitFailure && ctx.Err() != nil && errors.Is(err, context.Canceled) {
+		// SIGINT or SIGTERM stopped a command mid-way (run stops cleanly
+		// and returns nil; wait says so itself): 130, as the plugin.
+		ee = &exitError{code: exitInterrupted, err: errors.New("interrupted")}
+		err = ee
+	}
 
 	var b strings.Builder
 	b.WriteString(root.Name() + ": ")
@@ -104,9 +111,7 @@ LifecycleEvents bound to its node and carries out the transition step by step,
 writing each step to a local journal before acting, so that a crash, a reboot
 or an OS upgrade in the middle resumes safely.
 
-Configuration: flags > ` + "`LIFECYCLE_AGENT_*`" + ` environment > ` + config.DefaultPath + ` > defaults.
-
-` + exitCodeHelp(),
+Configuration: flags > ` + "`LIFECYCLE_AGENT_*`" + ` environment > ` + config.DefaultPath + ` > defaults.`,
 		Version:           versionString(),
 		SilenceUsage:      true,
 		SilenceErrors:     true,
@@ -153,6 +158,7 @@ Configuration: flags > ` + "`LIFECYCLE_AGENT_*`" + ` environment > ` + config.De
 		newGenManCmd(e, root),
 		newGPUCmd(e),
 	)
+	exitcode.AddToHelp(root)
 	return root
 }
 
