@@ -74,6 +74,12 @@ type Runtime interface {
 	// Params are the event's parameters (already validated by Plan), as
 	// the driver's Resolve fixed them at claim for a Resolver.
 	Params() map[string]string
+	// StepStarted is when the running step first began: the time of its
+	// first intent record in the journal (committed before its first Run),
+	// the same on every later attempt, after a restart of the agent or a
+	// reboot of the host. A step bounds its own wait from it, so a crash
+	// does not restart the bound (Readiness). The zero time when unknown.
+	StepStarted() time.Time
 }
 
 // HostOps are the host actions drivers may take. The agent provides a real

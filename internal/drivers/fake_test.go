@@ -313,6 +313,9 @@ type fakeRuntime struct {
 	mu       sync.Mutex
 	owned    map[Change]bool
 	progress []string
+	// started is what StepStarted answers: as the engine's journal, it is
+	// kept across runs of a step (a restart); zero by default.
+	started time.Time
 }
 
 var _ Runtime = (*fakeRuntime)(nil)
@@ -337,6 +340,12 @@ func (r *fakeRuntime) BootID() string            { return r.host.BootID() }
 func (r *fakeRuntime) API() NodeAPI              { return r.api }
 func (r *fakeRuntime) Host() HostOps             { return r.host }
 func (r *fakeRuntime) Params() map[string]string { return r.params }
+
+func (r *fakeRuntime) StepStarted() time.Time {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.started
+}
 
 func (r *fakeRuntime) Progress(msg string) {
 	r.mu.Lock()

@@ -253,6 +253,7 @@ func (r *gpuRuntime) BootID() string                { return r.host.BootID() }
 func (r *gpuRuntime) API() drivers.NodeAPI          { return r.api }
 func (r *gpuRuntime) Host() drivers.HostOps         { return r.host }
 func (r *gpuRuntime) Params() map[string]string     { return r.params }
+func (r *gpuRuntime) StepStarted() time.Time        { return time.Time{} }
 func (r *gpuRuntime) Own(c drivers.Change) error    { return r.setOwned(c, true) }
 func (r *gpuRuntime) Disown(c drivers.Change) error { return r.setOwned(c, false) }
 

@@ -94,8 +94,37 @@ func (r Readiness) validate(m map[string]string) error {
 // why it is still cordoned; both change only when that message does.
 const ReadinessWaiting = "waiting for the node's workloads before the uncordon: "
 
+// lastLook bounds the one check a wait resumed past its deadline makes.
+const lastLook = 10 * time.Second
+
+// waitDeadline is when a readiness wait that first began at started
+// (Runtime.StepStarted, journaled; zero: unknown, the wait begins now)
+// times out: started + timeout, so a restart or a reboot during the wait
+// does not give it a fresh readiness.timeout. It is a wall-clock time: a
+// clock stepped forward between the start and a restart shortens what is
+// left (down to one last look), one stepped back cannot make it more than
+// a full timeout from now. The deadline returned is now plus what is
+// left, so that within one run the wait is timed on now's monotonic
+// clock. resumed says so for the progress message when the wait began
+// before this run ("" for a wait that begins now).
+func waitDeadline(now, started time.Time, timeout time.Duration) (deadline time.Time, resumed string) {
+	if started.IsZero() {
+		return now.Add(timeout), ""
+	}
+	left := min(started.Add(timeout).Sub(now), timeout)
+	elapsed := now.Round(0).Sub(started).Round(time.Second)
+	switch {
+	case left <= 0:
+		return now, fmt.Sprintf("; resumed after a restart: the wait began %s ago, past readiness.timeout, one last look", elapsed)
+	case left.Round(time.Second) < timeout:
+		return now.Add(left), fmt.Sprintf("; resumed after a restart: %s left, the wait began %s ago", left.Round(time.Second), elapsed)
+	}
+	return now.Add(left), ""
+}
+
 // step waits until readiness.Config.NotReady lists nothing, bounded by
-// readiness.timeout. The event's status (and, through the engine, the
+// readiness.timeout counted from the wait's first start (journaled by the
+// engine: Runtime.StepStarted), across restarts and reboots. The event's status (and, through the engine, the
 // Node's MaintenanceInProgress condition) names what is not back yet: a
 // write only when that changes, or when the API server stops or starts
 // answering, never one per poll.
@@ -167,14 +196,21 @@ func (r Readiness) step() Step {
 			clk = clock.RealClock{}
 		}
 		interval := orDefault(r.PollInterval, DefaultPollInterval)
-		deadline := clk.Now().Add(timeout)
-		rt.Progress(fmt.Sprintf("checking the node's workloads before the uncordon (%s, up to %s)%s", strings.Join(checks, ", "), timeout, note))
+		deadline, resumed := waitDeadline(clk.Now(), rt.StepStarted(), timeout)
+		// A wait resumed past its deadline still looks once: a node ready
+		// by now is given back; the look is bounded on its own.
+		pollBound := deadline
+		if !clk.Now().Before(deadline) {
+			pollBound = clk.Now().Add(min(timeout, lastLook))
+		}
+		rt.Progress(fmt.Sprintf("checking the node's workloads before the uncordon (%s, up to %s%s)%s", strings.Join(checks, ", "), timeout, resumed, note))
 		shown := ""      // the progress message last written
 		missing := ""    // what was not ready at the last poll that read the API
 		var apiErr error // the last poll's error; nil when it read the API
 		down := false    // the last poll failed
 		for {
-			pctx, cancel := context.WithDeadline(ctx, deadline)
+			pctx, cancel := context.WithDeadline(ctx, pollBound)
+			pollBound = deadline
 			notReady, err := cfg.NotReady(pctx, api, snap, checks, run)
 			cancel()
 			if ctx.Err() != nil {

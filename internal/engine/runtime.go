@@ -1,6 +1,8 @@
 package engine
 
 import (
+	"time"
+
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 
 	"github.com/lifecycle-agent/lifecycle-agent/internal/drivers"
@@ -42,6 +44,26 @@ func (r *stepRuntime) Progress(msg string) {
 		_ = r.e.pushNode(r.a, running)
 	}
 	r.e.log.Info("progress", "event", r.a.name, "step", step, "message", msg)
+}
+
+// StepStarted is the time of the running step's first intent record:
+// every attempt appends one, the first is kept until the event ends. The
+// zero time when the journal cannot be read or has none (an adopted event
+// whose journal was lost gets one rebuilt at adoption, rebuildSteps).
+func (r *stepRuntime) StepStarted() time.Time {
+	r.a.statusMu.Lock()
+	step := r.a.status.CurrentStep
+	r.a.statusMu.Unlock()
+	recs, err := r.e.cfg.Journal.Steps(r.a.uid)
+	if err != nil {
+		return time.Time{}
+	}
+	for _, rec := range recs {
+		if rec.Step == step && rec.Phase == journal.PhaseIntent {
+			return rec.At
+		}
+	}
+	return time.Time{}
 }
 
 func change(r *stepRuntime, c drivers.Change) journal.Change {
