@@ -9,6 +9,25 @@
 // of the plan the engine journals at claim (drivers.Resolver), so a crash
 // or a reboot during the wait resumes it against the same baseline.
 //
+// Taken once: why a retried claim cannot snapshot a degraded node. The
+// engine resolves the plan in claim, before the claim's status write, and
+// journals it (attrs "params") in the snapshot commit that follows the
+// finalizer; no step runs before that commit, and every replay after it
+// plans from the journaled map, never resolving again (engine.resume). A
+// claim whose write failed (a 409, an outage) is tried again from the
+// start, resolving again; so is an event adopted after a crash between the
+// accepted claim and the journal commit. Both are safe: nothing of the
+// event has run, so the node has not lost what the event would take away
+// (the drain, the reboot or the reset come later). Tests: test/crash
+// TestReadinessSnapshotAfterClaimCrash (killed at engineAfterClaim,
+// adopted: the wait still requires the 8 GPUs) and
+// TestReadinessWaitAcrossCrash (killed during the wait: a re-read snapshot
+// would see 0 GPUs and pass). Not covered: an event adopted after its
+// journal was lost mid-event (moved aside as corrupt, a re-imaged disk) is
+// resolved again from a node the event already disrupted, so a DaemonSet
+// or a resource already gone is not required back; the journal was the
+// only copy of the snapshot.
+//
 // Before the uncordon, Config.NotReady lists what is not back yet, each
 // item one short phrase a user can act on:
 //
@@ -74,6 +93,19 @@
 //     when the last poll failed, that poll's error: an outage that healed
 //     minutes before is not why the node is not ready. No successful read
 //     at all says "could not be checked", with the error.
+//
+// The deadline is readiness.timeout from the wait's first start, which
+// the engine journals (the step's first intent; drivers.Runtime
+// StepStarted), not from the agent's latest start: a kill or a reboot
+// during the wait resumes it with what is left, and the progress says so
+// ("resumed after a restart: 8s left, the wait began 12s ago"), so
+// repeated crashes cannot stretch it. A wait resumed past its deadline
+// looks once more, bounded by 10 s: a node ready by then is given back,
+// otherwise it fails at once. The deadline is a wall-clock time reckoned
+// again at each start: a clock stepped forward between the start and a
+// restart shortens what is left, one stepped back lengthens it, never past
+// a full timeout from the restart; within one run the wait is timed on the
+// monotonic clock.
 //
 // The status written during an outage is queued in the journal's outbox
 // and delivered when the API server answers again, so a user mostly sees
