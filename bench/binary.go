@@ -43,6 +43,9 @@ type DaemonOptions struct {
 	Bus string
 	// Journal, if set, is used instead of <Dir>/journal.db.
 	Journal string
+	// Cgroup, if set, is the memory cgroup the agent runs in from its
+	// first instruction (MemCgroup.Wrap).
+	Cgroup *MemCgroup
 }
 
 // StartDaemon starts the agent binary.
@@ -70,9 +73,13 @@ func StartDaemon(o DaemonOptions) (*Daemon, error) {
 	}
 	d := &Daemon{Log: &bytes.Buffer{}, sock: sock, ready: make(chan struct{}), exited: make(chan struct{}),
 		Metrics: fmt.Sprintf("http://127.0.0.1:%d/metrics", port)}
-	d.Cmd = exec.Command(o.Bin, "run", "--config", cfgPath, "--node-name", o.Node, "--kubeconfig", o.Kubeconfig,
+	argv := []string{o.Bin, "run", "--config", cfgPath, "--node-name", o.Node, "--kubeconfig", o.Kubeconfig,
 		"--journal", journal, "--socket", filepath.Join(o.Dir, "agent.sock"),
-		"--metrics-address", fmt.Sprintf("127.0.0.1:%d", port), "--host-mode", "simulate", "--log-level", "info")
+		"--metrics-address", fmt.Sprintf("127.0.0.1:%d", port), "--host-mode", "simulate", "--log-level", "info"}
+	if o.Cgroup != nil {
+		argv = o.Cgroup.Wrap(argv)
+	}
+	d.Cmd = exec.Command(argv[0], argv[1:]...)
 	env := []string{"NOTIFY_SOCKET=" + notify}
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, "LIFECYCLE_AGENT_") && !strings.HasPrefix(kv, "NOTIFY_SOCKET=") && !strings.HasPrefix(kv, "DBUS_SYSTEM_BUS_ADDRESS=") {

@@ -38,14 +38,41 @@ type IdleStats struct {
 	GoRuntime map[string]float64 `json:"goRuntime"`
 	// BinaryBytes is the size of the agent binary.
 	BinaryBytes int64 `json:"binaryBytes"`
+	// Cgroup is the memory cgroup the agent ran in (its directory), empty
+	// when none could be made: NoCgroup then says why, and the memory
+	// figures are the process's only, not the service's.
+	Cgroup   string `json:"cgroup,omitempty"`
+	CgroupV2 bool   `json:"cgroupV2,omitempty"`
+	NoCgroup string `json:"noCgroup,omitempty"`
+	// CgroupReady and CgroupEnd are the cgroup's figures at READY=1 and at
+	// the end of the window: what systemd reports as the service's memory
+	// (memory.current on v2; memory.usage_in_bytes on v1).
+	CgroupReady *CgroupMem `json:"cgroupReady,omitempty"`
+	CgroupEnd   *CgroupMem `json:"cgroupEnd,omitempty"`
+	// WarmCache: the binary's page cache was left as found (else it was
+	// dropped before the start, as at boot). BinaryCachedBefore and
+	// BinaryCachedAfter are its bytes in the page cache before and after
+	// the drop (pages another process maps cannot be dropped), BinaryCached
+	// at the end of the window.
+	WarmCache          bool  `json:"warmCache"`
+	BinaryCachedBefore int64 `json:"binaryCachedBeforeBytes"`
+	BinaryCachedAfter  int64 `json:"binaryCachedAfterBytes"`
+	BinaryCached       int64 `json:"binaryCachedBytes"`
+	// ReadaheadKB is the read-ahead window of the binary's block device
+	// (-1: unknown): how much each page fault reads into the cache.
+	ReadaheadKB int64 `json:"readaheadKB"`
 }
 
 // Idle runs bin/lifecycle-agent (simulate mode, one node, the test logind
 // on a private bus) against the test control plane, lets it settle for
 // warmup after READY=1, then measures it for window: RSS and CPU from
-// /proc/<pid>, requests from the API server's counters.
-func Idle(ctx context.Context, dir, bin string, warmup, window time.Duration, say func(string, ...any)) (IdleStats, error) {
-	st := IdleStats{Warmup: warmup.Seconds()}
+// /proc/<pid>, requests from the API server's counters. The agent runs in
+// a memory cgroup of its own where one can be made (NewMemCgroup), started
+// with the binary's pages dropped from the page cache unless warmCache, so
+// that the cgroup is charged for the pages the agent faults in, as a
+// service started at boot is.
+func Idle(ctx context.Context, dir, bin string, warmup, window time.Duration, warmCache bool, say func(string, ...any)) (IdleStats, error) {
+	st := IdleStats{Warmup: warmup.Seconds(), WarmCache: warmCache}
 	env, err := StartEnv(ctx, nil, false)
 	if err != nil {
 		return st, err
@@ -68,13 +95,37 @@ func Idle(ctx context.Context, dir, bin string, warmup, window time.Duration, sa
 		return st, err
 	}
 	defer srv.Close()
-	d, err := StartDaemon(DaemonOptions{Bin: bin, Dir: filepath.Join(dir, "agent"), Node: node, Kubeconfig: kc, Bus: srv.Address()})
+	cg, err := NewMemCgroup(fmt.Sprintf("lifecycle-bench-idle-%d", os.Getpid()))
+	if err != nil {
+		st.NoCgroup = err.Error()
+		say("idle: WARNING: %v; the memory figures will be the process's (RSS, PSS), not the service's as systemd accounts it", err)
+	} else {
+		st.Cgroup, st.CgroupV2 = cg.Dir, cg.V2
+		defer func() { _ = cg.Remove() }()
+	}
+	if warmCache {
+		st.BinaryCachedBefore, err = ResidentBytes(bin)
+		st.BinaryCachedAfter = st.BinaryCachedBefore
+	} else {
+		st.BinaryCachedBefore, st.BinaryCachedAfter, err = DropPageCache(bin)
+	}
+	if err != nil {
+		return st, err
+	}
+	st.ReadaheadKB = ReadaheadKB(bin)
+	say("idle: %s of the binary's %s in the page cache at the start (%s before the drop); its device reads ahead %d KiB", mib(st.BinaryCachedAfter), mibFile(bin), mib(st.BinaryCachedBefore), st.ReadaheadKB)
+	d, err := StartDaemon(DaemonOptions{Bin: bin, Dir: filepath.Join(dir, "agent"), Node: node, Kubeconfig: kc, Bus: srv.Address(), Cgroup: cg})
 	if err != nil {
 		return st, err
 	}
 	defer d.Stop()
 	if _, err := d.WaitReady(60 * time.Second); err != nil {
 		return st, err
+	}
+	if cg != nil {
+		if m, err := cg.Read(); err == nil {
+			st.CgroupReady = &m
+		}
 	}
 	say("idle: agent pid %d ready; warming up %s, then measuring %s", d.Cmd.Process.Pid, warmup, window)
 	if err := waitCtx(ctx, warmup); err != nil {
@@ -110,6 +161,14 @@ func Idle(ctx context.Context, dir, bin string, warmup, window time.Duration, sa
 	st.RssAnon, st.RssFile = last.RssAnon, last.RssFile
 	st.Pss, st.PssAnon, st.PssFile = last.Pss, last.PssAnon, last.PssFile
 	st.GoRuntime, _ = d.ScrapeGauges("go_memstats_heap_inuse_bytes", "go_memstats_sys_bytes", "go_goroutines", "go_memstats_stack_inuse_bytes")
+	if cg != nil {
+		m, err := cg.Read()
+		if err != nil {
+			return st, err
+		}
+		st.CgroupEnd = &m
+	}
+	st.BinaryCached, _ = ResidentBytes(bin)
 	if fi, err := os.Stat(bin); err == nil {
 		st.BinaryBytes = fi.Size()
 	}
@@ -121,4 +180,14 @@ func Idle(ctx context.Context, dir, bin string, warmup, window time.Duration, sa
 	default:
 	}
 	return st, nil
+}
+
+func mib(b int64) string { return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20)) }
+
+func mibFile(path string) string {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return "?"
+	}
+	return mib(fi.Size())
 }
