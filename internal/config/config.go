@@ -12,6 +12,17 @@ import (
 // LIFECYCLE_AGENT_CONFIG names one. Its absence is not an error.
 const DefaultPath = "/etc/lifecycle-agent/config.yaml"
 
+// DropInDir holds the administrator's drop-ins (*.yaml), read after
+// DefaultPath and winning over it. A config file named elsewhere reads the
+// config.d beside it instead.
+const DropInDir = "/etc/lifecycle-agent/config.d"
+
+// VendorDir holds the package's defaults (*.yaml), read before DefaultPath
+// and only with it. They are not conffiles: the package changes them on
+// upgrade without asking. A drop-in of the same name in DropInDir masks
+// one.
+const VendorDir = "/usr/lib/lifecycle-agent/config.d"
+
 // EnvPrefix starts every environment variable the agent reads.
 const EnvPrefix = "LIFECYCLE_AGENT_"
 
@@ -69,6 +80,9 @@ type Config struct {
 	// Path is the config file that was read, or "" when the default file
 	// does not exist.
 	Path string
+	// Files lists every file read, lowest layer first: vendor drop-ins,
+	// Path, then the administrator's drop-ins.
+	Files []string
 
 	NodeName       string
 	Kubeconfig     string
@@ -324,8 +338,10 @@ func (c *Config) DriverEnabled(name string, nvmlPresent, hasProfile bool) bool {
 
 // Source says where the value of a layered key (e.g. "host.mode") came
 // from: "flag --host-mode", "env LIFECYCLE_AGENT_HOST_MODE", "<file>:<line>"
-// or "default". It returns "" for keys it does not know, and "<file>" for
-// the file-only sections osUpgrade.profiles and exec.drivers when set.
+// (the config file or the drop-in that won) or "default". It returns "" for
+// keys it does not know, and "<file>:<line>" for the file-only sections
+// osUpgrade.profiles, exec.drivers and maintenance.windows when a file gives
+// them a value, "" when none does.
 func (c *Config) Source(key string) string { return c.sources[key] }
 
 // SlogLevel is LogLevel as a slog.Level.

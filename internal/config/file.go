@@ -22,8 +22,9 @@ const maxFileSize = 1 << 20
 // fileDecoder holds what one config file says, already typed and checked.
 type fileDecoder struct {
 	path   string
-	values map[string]any // layered key → typed value; null values are absent
-	lines  map[string]int // every key written in the file (null too) → its line
+	values map[string]any  // layered key → typed value; null values are absent
+	lines  map[string]int  // every key written in the file (null too) → its line
+	set    map[string]bool // file-only keys (osUpgrade.profiles, ...) given a non-null value
 
 	osUpgrade OSUpgrade
 	exec      Exec
@@ -32,10 +33,11 @@ type fileDecoder struct {
 
 func (d *fileDecoder) at(line int) string { return fmt.Sprintf("%s:%d", d.path, line) }
 
-// nested turns values into the nested map viper layers under env and flags.
-func (d *fileDecoder) nested() map[string]any {
+// nested turns flat values (dotted key → value) into the nested map viper
+// layers under env and flags.
+func nested(values map[string]any) map[string]any {
 	root := map[string]any{}
-	for name, v := range d.values {
+	for name, v := range values {
 		parts := strings.Split(name, ".")
 		m := root
 		for _, p := range parts[:len(parts)-1] {
@@ -136,7 +138,7 @@ func unwrapPath(err error) string {
 // the key table: unknown keys, wrong types and bad values are refused with
 // the file and line.
 func decodeFile(path string, data []byte) (*fileDecoder, error) {
-	d := &fileDecoder{path: path, values: map[string]any{}, lines: map[string]int{}}
+	d := &fileDecoder{path: path, values: map[string]any{}, lines: map[string]int{}, set: map[string]bool{}}
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	var doc yaml.Node
 	if err := dec.Decode(&doc); err != nil {
@@ -196,6 +198,7 @@ func (d *fileDecoder) walk(n *yaml.Node, prefix string) error {
 				if err := k.decode(d, vn, full); err != nil {
 					return err
 				}
+				d.set[full] = true
 				continue
 			}
 			v, err := k.kind.fromNode(vn)

@@ -18,23 +18,39 @@ type Options struct {
 	// Flags is the parsed flag set of the command being run (cobra's
 	// cmd.Flags()); flags the user set win over everything else. May be nil.
 	Flags *pflag.FlagSet
-	// DefaultPath replaces DefaultPath, for tests.
+	// DefaultPath replaces DefaultPath, for tests. The drop-ins are read
+	// from the config.d beside it.
 	DefaultPath string
+	// VendorDir replaces VendorDir, for tests and for reading an installed
+	// tree (dpkg --root). When DefaultPath is set and VendorDir is not, no
+	// vendor directory is read.
+	VendorDir string
 	// Hostname replaces os.Hostname, for tests.
 	Hostname func() (string, error)
 }
 
-// Load builds the configuration: flags > LIFECYCLE_AGENT_* env > config file
-// > defaults, then validates every value. Every error is an *Error whose
-// message is one line naming the file or variable and the key.
+// Load builds the configuration: flags > LIFECYCLE_AGENT_* env > admin
+// drop-ins (config.d/*.yaml) > config file > vendor drop-ins > defaults,
+// then validates every value. Every error is an *Error whose message is
+// one line naming the file or variable and the key.
 func Load(o Options) (*Config, error) {
 	path, explicit := configPath(o)
 	if path == "" {
 		return nil, &Error{Source: "flag --config", Msg: "empty path"}
 	}
-	file, err := readFile(path, explicit)
+	files, err := layers(path, explicit, vendorDir(o, path))
 	if err != nil {
 		return nil, err
+	}
+	// The files' layered values, merged here (a later file's value wins,
+	// lists and all) and handed to viper as one layer, with where each came
+	// from.
+	merged, fileSource := map[string]any{}, map[string]string{}
+	for _, f := range files {
+		for name, val := range f.values {
+			merged[name] = val
+			fileSource[name] = f.at(f.lines[name])
+		}
 	}
 
 	v := viper.New()
@@ -60,18 +76,27 @@ func Load(o Options) (*Config, error) {
 	}
 
 	cfg := &Config{sources: map[string]string{}}
-	if file != nil {
-		cfg.Path = file.path
-		if err := v.MergeConfigMap(file.nested()); err != nil {
-			return nil, &Error{Source: file.path, Msg: err.Error(), Err: err}
+	if err := v.MergeConfigMap(nested(merged)); err != nil {
+		return nil, &Error{Source: path, Msg: err.Error(), Err: err}
+	}
+	for _, f := range files {
+		if f.path == path {
+			cfg.Path = f.path
 		}
-		cfg.OSUpgrade = file.osUpgrade
-		cfg.Exec = file.exec
-		cfg.Maintenance.Windows = file.windows
-		for _, name := range []string{"osUpgrade.profiles", "exec.drivers", "maintenance.windows"} {
-			if _, ok := file.lines[name]; ok {
-				cfg.sources[name] = file.at(file.lines[name])
-			}
+		cfg.Files = append(cfg.Files, f.path)
+		// The file-only sections: the last file that gives one a value
+		// gives all of it; nothing is merged across files.
+		if f.set["osUpgrade.profiles"] {
+			cfg.OSUpgrade = f.osUpgrade
+		}
+		if f.set["exec.drivers"] {
+			cfg.Exec = f.exec
+		}
+		if f.set["maintenance.windows"] {
+			cfg.Maintenance.Windows = f.windows
+		}
+		for name := range f.set {
+			cfg.sources[name] = f.at(f.lines[name])
 		}
 	}
 
@@ -79,7 +104,7 @@ func Load(o Options) (*Config, error) {
 		if !k.layered() {
 			continue
 		}
-		src := source(k, o.Flags, file)
+		src := source(k, o.Flags, fileSource)
 		raw := v.Get(k.name)
 		if raw == nil { // an unset tri-state key
 			continue
@@ -176,18 +201,17 @@ func lookupFlag(fs *pflag.FlagSet, k *key) *pflag.Flag {
 }
 
 // source mirrors viper's precedence to say where k's value came from. Like
-// viper, it ignores empty env vars.
-func source(k *key, fs *pflag.FlagSet, file *fileDecoder) string {
+// viper, it ignores empty env vars. files maps each key the files set to
+// the file and line that won.
+func source(k *key, fs *pflag.FlagSet, files map[string]string) string {
 	if f := lookupFlag(fs, k); f != nil && f.Changed {
 		return "flag --" + k.flag
 	}
 	if val, ok := os.LookupEnv(k.env()); ok && val != "" {
 		return "env " + k.env()
 	}
-	if file != nil {
-		if _, ok := file.values[k.name]; ok {
-			return file.at(file.lines[k.name])
-		}
+	if at, ok := files[k.name]; ok {
+		return at
 	}
 	return "default"
 }

@@ -49,7 +49,7 @@ func defaults() *Config {
 // valuesOf drops what Load records besides values.
 func valuesOf(c *Config) Config {
 	out := *c
-	out.Path, out.sources = "", nil
+	out.Path, out.Files, out.sources = "", nil, nil
 	return out
 }
 
