@@ -83,22 +83,24 @@ func TestContents(t *testing.T) {
 	plugin := contents(t, needPluginDeb(t))
 
 	wantAgent := map[string]string{ // path: mode
-		"/usr/bin/lifecycle-agent":                                  "-rwxr-xr-x",
-		"/usr/lib/systemd/system/lifecycle-agent.service":           "-rw-r--r--",
-		"/usr/lib/systemd/system/lifecycle-agent-recover.service":   "-rw-r--r--",
-		"/usr/lib/lifecycle-agent/recover":                          "-rwxr-xr-x",
-		"/etc/lifecycle-agent/":                                     "drwxr-xr-x",
-		"/etc/lifecycle-agent/config.yaml":                          "-rw-------",
-		"/etc/systemd/logind.conf.d/":                               "drwxr-xr-x",
-		"/usr/share/man/man8/lifecycle-agent.8.gz":                  "-rw-r--r--",
-		"/usr/share/man/man8/lifecycle-agent-run.8.gz":              "-rw-r--r--",
-		"/usr/share/man/man8/lifecycle-agent-doctor.8.gz":           "-rw-r--r--",
-		"/usr/share/bash-completion/completions/lifecycle-agent":    "-rw-r--r--",
-		"/usr/share/zsh/vendor-completions/_lifecycle-agent":        "-rw-r--r--",
-		"/usr/share/fish/vendor_completions.d/lifecycle-agent.fish": "-rw-r--r--",
-		"/usr/share/doc/lifecycle-agent/copyright":                  "-rw-r--r--",
-		"/usr/share/doc/lifecycle-agent/changelog.gz":               "-rw-r--r--",
-		"/usr/share/lintian/overrides/lifecycle-agent":              "-rw-r--r--",
+		"/usr/bin/lifecycle-agent":                                   "-rwxr-xr-x",
+		"/usr/lib/systemd/system/lifecycle-agent.service":            "-rw-r--r--",
+		"/usr/lib/systemd/system/lifecycle-agent-recover.service":    "-rw-r--r--",
+		"/usr/lib/lifecycle-agent/recover":                           "-rwxr-xr-x",
+		"/etc/lifecycle-agent/":                                      "drwxr-xr-x",
+		"/etc/lifecycle-agent/config.yaml":                           "-rw-------",
+		"/etc/lifecycle-agent/config.d/":                             "drwxr-xr-x",
+		"/usr/lib/lifecycle-agent/config.d/50-package-defaults.yaml": "-rw-r--r--",
+		"/etc/systemd/logind.conf.d/":                                "drwxr-xr-x",
+		"/usr/share/man/man8/lifecycle-agent.8.gz":                   "-rw-r--r--",
+		"/usr/share/man/man8/lifecycle-agent-run.8.gz":               "-rw-r--r--",
+		"/usr/share/man/man8/lifecycle-agent-doctor.8.gz":            "-rw-r--r--",
+		"/usr/share/bash-completion/completions/lifecycle-agent":     "-rw-r--r--",
+		"/usr/share/zsh/vendor-completions/_lifecycle-agent":         "-rw-r--r--",
+		"/usr/share/fish/vendor_completions.d/lifecycle-agent.fish":  "-rw-r--r--",
+		"/usr/share/doc/lifecycle-agent/copyright":                   "-rw-r--r--",
+		"/usr/share/doc/lifecycle-agent/changelog.gz":                "-rw-r--r--",
+		"/usr/share/lintian/overrides/lifecycle-agent":               "-rw-r--r--",
 	}
 	wantPlugin := map[string]string{
 		"/usr/bin/kubectl-lifecycle":                          "-rwxr-xr-x",
@@ -193,6 +195,7 @@ func TestShippedFiles(t *testing.T) {
 	root := extract(t, deb)
 	same := []struct{ inDeb, inRepo string }{
 		{"etc/lifecycle-agent/config.yaml", "packaging/config.yaml"},
+		{"usr/lib/lifecycle-agent/config.d/50-package-defaults.yaml", "packaging/config.d/50-package-defaults.yaml"},
 		{"usr/share/doc/lifecycle-agent/examples/config.yaml", "packaging/config.example.yaml"},
 		{"usr/lib/systemd/system/lifecycle-agent.service", "packaging/systemd/lifecycle-agent.service"},
 		{"usr/share/doc/lifecycle-agent/copyright", "packaging/deb/copyright"},

@@ -22,15 +22,22 @@
 //     recording stubs of deb-systemd-helper, deb-systemd-invoke and systemctl:
 //     without systemd as PID 1 (a chroot), and, in a private mount namespace
 //     where /run/systemd/system exists, with it (install, upgrade, remove,
-//     purge).
+//     purge);
+//   - an upgrade with plain dpkg -i (dpkg --root on an empty root, no
+//     --force-conf*, stdin not a terminal) over an edited config.yaml and an
+//     admin drop-in, to a version whose vendor defaults
+//     (/usr/lib/lifecycle-agent/config.d) changed: no conffile question, the
+//     admin's files kept, each value loaded from the right layer; and, as
+//     the control, the same upgrade to a package whose conffile changed
+//     stops at dpkg's question (TestUpgradeKeepsAdminConfig).
 //
 // What these tests cannot show is dpkg installing, upgrading, removing and
 // purging the package on a machine booted with systemd, the agent starting
 // under the unit's sandbox and reaching logind; the VM tests (make test-vm)
 // do that.
 //
-// Tools: make, dpkg-deb, dpkg-shlibdeps, readelf, lintian, systemd-analyze,
-// man, shellcheck, unshare.
+// Tools: make, dpkg, dpkg-deb, dpkg-query, dpkg-shlibdeps, readelf,
+// lintian, systemd-analyze, man, shellcheck, unshare.
 // When one is missing and the test runs as root on Debian, it installs the
 // Debian package with apt-get (CI lists them in .ci/run); otherwise it fails
 // and names the package. In -short mode the tests are skipped.

@@ -19,7 +19,9 @@ const testVersion = "0.1.0"
 // tools the tests run, with the Debian package that provides each.
 var tools = map[string]string{
 	"make":            "make",
+	"dpkg":            "dpkg",
 	"dpkg-deb":        "dpkg",
+	"dpkg-query":      "dpkg",
 	"dpkg-shlibdeps":  "dpkg-dev",
 	"readelf":         "binutils",
 	"lintian":         "lintian",
