@@ -100,7 +100,7 @@ func TestDrainHeldAcrossWatchRestarts(t *testing.T) {
 // starts — evicted or deleted before the agent was killed, or before a
 // power cut, and still in its grace period — is waited for, not evicted
 // again (the API server accepts a second eviction of a terminating pod,
-// pointlessly: found by test/vm TestRealNodePowerCutMidDrain). The other
+// pointlessly: found by test/vm TestRealNode/PowerCutMidDrain). The other
 // pods are evicted once each and the drain succeeds once the terminating
 // one is gone.
 func TestDrainWaitsForTerminatingPod(t *testing.T) {

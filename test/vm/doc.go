@@ -9,23 +9,30 @@
 // the CNI plugins, and two local images (hack/nodebin.sh, cached), all
 // disabled until the test enables them. The kubelet registers vm-node with
 // the agent's credentials; replacements of evicted pods land on a host-side
-// stand-in node (SpareNode). It drains real pods behind a PDB (their
-// SIGTERM and exit recorded on a hostPath), uncordons, and reboots with the
-// kubelet's graceful node shutdown off (kubeadm's default) and the kubelet
-// starting 20 s late, so the old boot's Ready=True is still on the Node when
-// the agent comes back: wait-ready must wait for status.nodeInfo.bootID of
-// the new boot. About 2.3 min under TCG. TestRealNodePoweroff (issue 40)
-// powers the real node off with the kubelet's graceful node shutdown on:
-// both delay locks held while logind waits (a watcher in the guest records
-// logind's inhibitors), the agent's conditions and cordon on the API
-// server and the pods' SIGTERM and exit before the power-off, then the
-// shutdown closed out and the new boot's Ready. About 3 min under TCG.
-// TestRealNodePowerCutMidDrain cuts the power (QMP system_reset) while a
-// reboot event drains real pods behind a PDB, one pod stopping and two
-// waiting: the new boot's kubelet finishes the stopping pod, the resumed
-// drain evicts the others, the event reboots and ends Succeeded with the
-// node uncordoned; each pod got one SIGTERM, and kube-apiserver's audit log
-// (ClusterOptions.AuditLog) counts the evictions.
+// stand-in node (SpareNode). Its four scenarios share one VM session (one
+// control plane, boot, package install and kubelet join; each starts from
+// a Ready, uncordoned node with none of its pods and leaves it so):
+//
+//   - (i) DrainAndUncordon drains real pods behind a PDB (their SIGTERM and
+//     exit recorded on a hostPath) and uncordons.
+//   - (k) RebootWithPods reboots with real pods and a DaemonSet pod whose
+//     readiness lags, the kubelet's graceful node shutdown off (kubeadm's
+//     default) and the kubelet starting 20 s late, so the old boot's
+//     Ready=True is still on the Node when the agent comes back: wait-ready
+//     must wait for status.nodeInfo.bootID of the new boot, and
+//     wait-workloads-ready holds the cordon until the DaemonSet pod is Ready.
+//   - (l) PowerCutMidDrain cuts the power (QMP system_reset) while a reboot
+//     event drains real pods behind a PDB, one pod stopping and two
+//     waiting: the new boot's kubelet finishes the stopping pod, the
+//     resumed drain evicts the others, the event reboots and ends Succeeded
+//     with the node uncordoned; each pod got one SIGTERM, and
+//     kube-apiserver's audit log (ClusterOptions.AuditLog) counts the
+//     evictions.
+//   - (j) Poweroff powers the real node off with the kubelet's graceful node
+//     shutdown on: both delay locks held while logind waits (a watcher in
+//     the guest records logind's inhibitors), the agent's conditions and
+//     cordon on the API server and the pods' SIGTERM and exit before the
+//     power-off, then the shutdown closed out and the new boot's Ready.
 //
 // The image comes from hack/vm/build-image.sh (debootstrap, cached outside
 // the clone by a stamp of its inputs; ~3 min cold, 0 s warm) and every Start

@@ -21,7 +21,7 @@ import (
 	"github.com/lifecycle-agent/lifecycle-agent/test/vm"
 )
 
-// Issue 40 item 2: a power cut (QEMU system_reset) in the middle of a
+// TestRealNode's (l), issue 40 item 2: a power cut (QEMU system_reset) in the middle of a
 // reboot event's drain, with real pods on the real kubelet.
 //
 // Three workload pods (a StatefulSet's, bound to vm-node) behind a PDB of
@@ -55,10 +55,12 @@ import (
 // TestDrainWaitsForTerminatingPod), and a second eviction fails this test.
 //
 // The kubelet config of the boot after the cut has graceful node shutdown
-// off (kubeadm's default, as in TestRealNode): the event's own reboot does
+// off (kubeadm's default, as in (k)): the event's own reboot does
 // not wait out the kubelet's 15 s group period.
 
 const (
+	// cutNS is the workload's namespace and name (pods cut-0, cut-1, ...).
+	cutNS     = "cut"
 	cutEvent  = "cut-drain"
 	cutPods   = 3
 	cutLinger = 10 * time.Second
@@ -155,9 +157,8 @@ func describeRecord(lines []recordLine) string {
 	return strings.Join(s, " ")
 }
 
-func TestRealNodePowerCutMidDrain(t *testing.T) {
-	defer vm.Scenario(t)()
-	r := startRealNodeWith(t, vm.ClusterOptions{AuditLog: true})
+// realNodePowerCutMidDrain is TestRealNode's (l).
+func realNodePowerCutMidDrain(t *testing.T, r *realNode) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 
@@ -166,21 +167,21 @@ func TestRealNodePowerCutMidDrain(t *testing.T) {
 	r.v.MustRun("sed -i -e 's/^shutdownGracePeriod: .*/shutdownGracePeriod: 0s/' -e 's/^shutdownGracePeriodCriticalPods: .*/shutdownGracePeriodCriticalPods: 0s/' /var/lib/kubelet/config.yaml && grep -q '^shutdownGracePeriod: 0s' /var/lib/kubelet/config.yaml && sync")
 
 	// 1. Three real pods behind a PDB allowing one disruption at a time.
-	w := &testenv.Workload{Namespace: "web", Name: "web", Node: vm.NodeName, Spare: vm.SpareNode, Replicas: cutPods, MinAvailable: cutPods - 1, PodSpec: cutPodSpec}
+	w := &testenv.Workload{Namespace: cutNS, Name: cutNS, Node: vm.NodeName, Spare: vm.SpareNode, Replicas: cutPods, MinAvailable: cutPods - 1, PodSpec: cutPodSpec}
 	if err := w.Start(ctx, r.c.Env.AdminConfig()); err != nil {
 		t.Fatalf("workload: %v", err)
 	}
 	var orig []string
 	for i := 0; i < cutPods; i++ {
-		orig = append(orig, fmt.Sprintf("web-%d", i))
+		orig = append(orig, fmt.Sprintf(cutNS+"-%d", i))
 	}
-	pods := watchNamespacePods(t, r.c, "web")
+	pods := watchNamespacePods(t, r.c, cutNS)
 	podsStart := time.Now()
-	r.waitPodsReady(t, "web", orig, 4*time.Minute)
+	r.waitPodsReady(t, cutNS, orig, 4*time.Minute)
 	vm.Timings.Record("real kubelet: 3 pods created → Ready", time.Since(podsStart))
 	// The PDB's status (kube-controller-manager) allows one disruption.
 	vm.Eventually(t, time.Minute, "the PDB allowing 1 disruption", func() (bool, string) {
-		p, err := r.c.Admin.PolicyV1().PodDisruptionBudgets("web").Get(ctx, "web", metav1.GetOptions{})
+		p, err := r.c.Admin.PolicyV1().PodDisruptionBudgets(cutNS).Get(ctx, cutNS, metav1.GetOptions{})
 		if err != nil {
 			return false, err.Error()
 		}
@@ -205,7 +206,7 @@ func TestRealNodePowerCutMidDrain(t *testing.T) {
 		if s := vm.Step(e, "evict"); s == nil || s.State != v1alpha1.StepRunning {
 			return false, vm.DescribeEvent(e)
 		}
-		l, err := r.c.Admin.CoreV1().Pods("web").List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + vm.NodeName})
+		l, err := r.c.Admin.CoreV1().Pods(cutNS).List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + vm.NodeName})
 		if err != nil {
 			return false, err.Error()
 		}
@@ -360,7 +361,7 @@ func TestRealNodePowerCutMidDrain(t *testing.T) {
 	refused := map[string]int{}
 	var other, deleted []string
 	var victimGone time.Time
-	for _, q := range r.c.PodRequests(t, "web") {
+	for _, q := range r.c.PodRequests(t, cutNS) {
 		switch {
 		case q.Subresource == "eviction" && q.Code == 201:
 			accepted[q.Pod] = append(accepted[q.Pod], q.At)
@@ -417,7 +418,7 @@ func TestRealNodePowerCutMidDrain(t *testing.T) {
 	if got := w.Replaced(); got != cutPods {
 		t.Errorf("%d replacements on %s, want %d", got, vm.SpareNode, cutPods)
 	}
-	if l, err := r.c.Admin.CoreV1().Pods("web").List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + vm.NodeName}); err != nil || len(l.Items) != 0 {
+	if l, err := r.c.Admin.CoreV1().Pods(cutNS).List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + vm.NodeName}); err != nil || len(l.Items) != 0 {
 		t.Errorf("pods left on vm-node after the event: %v %v", err, l)
 	}
 

@@ -18,8 +18,9 @@ import (
 	"github.com/lifecycle-agent/lifecycle-agent/test/vm"
 )
 
-// Issue 40 item 3 and issue 41 item 4: a reboot event on a real node with
-// real pods and a DaemonSet pod whose readiness lags the kubelet's Ready.
+// TestRealNode's (k), issue 40 item 3 and issue 41 item 4: a reboot event
+// on a real node with real pods and a DaemonSet pod whose readiness lags
+// the kubelet's Ready.
 //
 // The test cluster runs no scheduler and no DaemonSet controller
 // (kube-controller-manager --controllers in test/testenv). So:
@@ -41,7 +42,7 @@ import (
 // wait-workloads-ready must hold the cordon until it is.
 //
 // The kubelet runs with graceful node shutdown off and starts kubeletLate
-// after the agent in the new boot (as in TestRealNode): the Node still
+// after the agent in the new boot: the Node still
 // shows the old boot's Ready=True when the guest is back, which the test
 // checks, so wait-ready has to tell the boots apart.
 //
@@ -185,9 +186,8 @@ func (r *realNode) waitPodsReady(t *testing.T, ns string, names []string, timeou
 	})
 }
 
-func TestRealNodeRebootWithPods(t *testing.T) {
-	defer vm.Scenario(t)()
-	r := startRealNode(t)
+// realNodeRebootWithPods is TestRealNode's (k).
+func realNodeRebootWithPods(t *testing.T, r *realNode) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 
@@ -202,7 +202,7 @@ func TestRealNodeRebootWithPods(t *testing.T) {
 
 	// 1. Two workload pods (a StatefulSet's, bound to vm-node) and the
 	// DaemonSet pod.
-	w := &testenv.Workload{Namespace: "web", Name: "web", Node: vm.NodeName, Spare: vm.SpareNode, Replicas: 2, PodSpec: realPodSpec}
+	w := &testenv.Workload{Namespace: "apps", Name: "app", Node: vm.NodeName, Spare: vm.SpareNode, Replicas: 2, PodSpec: realPodSpec}
 	if err := w.Start(ctx, r.c.Env.AdminConfig()); err != nil {
 		t.Fatalf("workload: %v", err)
 	}
@@ -237,7 +237,7 @@ func TestRealNodeRebootWithPods(t *testing.T) {
 	}
 	dsHistory := watchPod(t, r.c, "default", dsPod)
 	podsStart := time.Now()
-	r.waitPodsReady(t, "web", []string{"web-0", "web-1"}, 4*time.Minute)
+	r.waitPodsReady(t, "apps", []string{"app-0", "app-1"}, 4*time.Minute)
 	r.waitPodsReady(t, "default", []string{dsPod}, 4*time.Minute)
 	vm.Timings.Record("real kubelet: 2 pods and a DaemonSet pod created → Ready", time.Since(podsStart))
 	before, err := r.c.Admin.CoreV1().Pods("default").Get(ctx, dsPod, metav1.GetOptions{})
@@ -283,6 +283,29 @@ func TestRealNodeRebootWithPods(t *testing.T) {
 	stepList := strings.Join(steps, ",")
 	if !strings.Contains(stepList, "wait-ready=Done,wait-workloads-ready=Done,uncordon=Done") {
 		t.Errorf("steps %s: want wait-ready=Done,wait-workloads-ready=Done,uncordon=Done in that order", stepList)
+	}
+	// wait-ready ended after the kubelet of the new boot reported Ready:
+	// both times from the guest's clock (the kubelet's heartbeat, the
+	// agent's step time), whole seconds; the host's clock can be off from
+	// the guest's under TCG.
+	var kubeletBack time.Time
+	r.rec.FirstSeen(func(n *corev1.Node) bool {
+		if apiclient.ReadyInBoot(n, newBoot) && n.Status.NodeInfo.BootID == newBoot {
+			kubeletBack = vm.NodeCondition(n, string(corev1.NodeReady)).LastHeartbeatTime.Time
+			return true
+		}
+		return false
+	})
+	switch s := vm.Step(ev, "wait-ready"); {
+	case kubeletBack.IsZero():
+		t.Errorf("never saw the kubelet of boot %s report Ready:\n%s", newBoot, r.rec.Describe())
+	case s == nil || s.FinishTime == nil:
+		t.Errorf("no finished wait-ready step: %s", vm.DescribeEvent(ev))
+	case s.FinishTime.Time.Before(kubeletBack):
+		t.Errorf("wait-ready finished at %s, before the kubelet of the new boot reported Ready (heartbeat %s): it trusted the old boot's Ready",
+			s.FinishTime.Time.Format(time.RFC3339), kubeletBack.Format(time.RFC3339))
+	default:
+		t.Logf("the new boot's kubelet reported Ready (heartbeat %s), wait-ready done at %s (guest clock)", kubeletBack.Format(time.RFC3339), s.FinishTime.Time.Format(time.RFC3339))
 	}
 
 	// When the Node was given back (host clock, from the watch).
@@ -385,7 +408,17 @@ func TestRealNodeRebootWithPods(t *testing.T) {
 	t.Logf("after the uncordon: pods %v Ready on vm-node in %s; steps %s", again, time.Since(againStart).Round(time.Second), stepList)
 	if t.Failed() {
 		t.Logf("agent log (this boot):\n%s", lastLines(grepLines(r.v.Journal(vm.Unit), "readiness")+"\n"+lastLines(r.v.Journal(vm.Unit), 30), 50))
+		return
 	}
+
+	// The node as the next scenario expects it: no bare pod (a drain
+	// would refuse it), no DaemonSet whose late pod every reboot would
+	// wait for, the kubelet starting with the boot.
+	r.deletePods(t, "default", append(again, dsPod)...)
+	if err := r.c.Admin.AppsV1().DaemonSets("default").Delete(ctx, dsName, metav1.DeleteOptions{}); err != nil {
+		t.Fatalf("delete DaemonSet: %v", err)
+	}
+	r.v.MustRun("rm -f /etc/systemd/system/kubelet.service.d/late.conf && systemctl daemon-reload")
 }
 
 func podReadyCondition(p *corev1.Pod) *corev1.PodCondition {

@@ -24,14 +24,26 @@ type NodeSnapshot struct {
 // NodeRecorder keeps every version of the Node a watch delivers, so a test
 // can ask what was posted before a given moment (a power-off, a reboot).
 type NodeRecorder struct {
+	*nodeLog
+	from time.Time // Since: versions seen before it are not looked at
+}
+
+type nodeLog struct {
 	mu    sync.Mutex
 	snaps []NodeSnapshot
+}
+
+// Since is a view of the same recording that looks only at the versions
+// seen from at on: a scenario sharing the node with earlier ones asks about
+// its own.
+func (r *NodeRecorder) Since(at time.Time) *NodeRecorder {
+	return &NodeRecorder{nodeLog: r.nodeLog, from: at}
 }
 
 // RecordNode watches the Node until the test ends.
 func (c *Cluster) RecordNode(t testing.TB) *NodeRecorder {
 	t.Helper()
-	r := &NodeRecorder{}
+	r := &NodeRecorder{nodeLog: &nodeLog{}}
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	sel := fields.OneTermEqualSelector("metadata.name", c.Node).String()
@@ -61,7 +73,7 @@ func (r *NodeRecorder) FirstSeen(cond func(*corev1.Node) bool) time.Time {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, s := range r.snaps {
-		if cond(s.Node) {
+		if !s.At.Before(r.from) && cond(s.Node) {
 			return s.At
 		}
 	}
@@ -74,6 +86,9 @@ func (r *NodeRecorder) Describe() string {
 	defer r.mu.Unlock()
 	var b strings.Builder
 	for _, s := range r.snaps {
+		if s.At.Before(r.from) {
+			continue
+		}
 		fmt.Fprintf(&b, "  %s unschedulable=%v cordoned-by=%q", s.At.Format("15:04:05.000"), s.Node.Spec.Unschedulable, s.Node.Annotations[v1alpha1.AnnotationCordonedBy])
 		for _, c := range s.Node.Status.Conditions {
 			if c.Type != corev1.NodeReady {

@@ -62,6 +62,15 @@ type VM struct {
 	boots int // CI-READY markers seen so far
 }
 
+// Bind makes t the test that the VM's infrastructure failures end, until
+// the returned func restores the previous one: for subtests that share one
+// VM (TestRealNode's scenarios), run one at a time.
+func (v *VM) Bind(t testing.TB) (restore func()) {
+	prev := v.t
+	v.t = t
+	return func() { v.t = prev }
+}
+
 var (
 	imageOnce sync.Once
 	imageErr  error
