@@ -18,6 +18,7 @@ func newCancelCmd(o *options) *cobra.Command {
 		wait     bool
 		timeout  time.Duration
 		selector string
+		res      = resultFormats()
 	)
 	cmd := &cobra.Command{
 		Use:   "cancel (EVENT... | -l SELECTOR)",
@@ -29,7 +30,12 @@ Failed, removes its finalizer, and the event is gone.
 
 With -l, every unfinished event matching the label selector is cancelled,
 e.g. the rest of a rollout. With --wait the command returns once the
-events are gone.`,
+events are gone.
+
+-o name prints each deleted event's name; -o json one object when the
+command ends: {"events": [{"event", "node", "claimStatus", "cancelled",
+"gone"}], "result", "exitCode", "error"}. With either, the progress lines go
+to stderr.`,
 		Example: `  kubectl lifecycle cancel node-a-drain-x7k2p --wait
   kubectl lifecycle cancel -l lifecycle.x-k8s.io/rollout=drain-3f2a9c1b`,
 		Args: func(cmd *cobra.Command, args []string) error {
@@ -38,12 +44,21 @@ events are gone.`,
 			}
 			return nil
 		},
-		RunE: o.runE(func(ctx context.Context, args []string) error {
+		RunE: o.resultE(res, func(ctx context.Context, args []string) error {
 			cl, err := o.clients()
 			if err != nil {
 				return err
 			}
 			names := args
+			var done []cancelledEvent
+			last := map[string]*v1alpha1.LifecycleEvent{} // deleted, not seen gone yet (waitGone)
+			value := func(code int, msg string) any {
+				for i := range done {
+					_, there := last[done[i].Event]
+					done[i].Gone = wait && !there
+				}
+				return cancelResult{Events: append([]cancelledEvent{}, done...), outcomeFields: outcomeOf(code, msg)}
+			}
 			if selector != "" {
 				l, err := cl.lc.Events.List(ctx, metav1.ListOptions{LabelSelector: selector})
 				if err != nil {
@@ -56,11 +71,11 @@ events are gone.`,
 					}
 				}
 				if len(names) == 0 {
+					res.value = value
 					fmt.Fprintf(o.out, "no unfinished LifecycleEvents match %s\n", selector)
 					return nil
 				}
 			}
-			last := map[string]*v1alpha1.LifecycleEvent{}
 			for _, name := range names {
 				ev, err := cl.lc.Events.Get(ctx, name, metav1.GetOptions{})
 				if apierrors.IsNotFound(err) {
@@ -75,6 +90,9 @@ events are gone.`,
 					return fmt.Errorf("delete LifecycleEvent %s: %w", name, err)
 				}
 				last[name] = ev
+				res.name(name)
+				res.value = value
+				done = append(done, cancelledEvent{Event: name, Node: ev.Spec.BindingNode, ClaimStatus: claimStatus(ev), Cancelled: !ev.Status.ClaimStatus.Finished()})
 				switch {
 				case ev.Status.ClaimStatus.Finished():
 					fmt.Fprintf(o.out, "lifecycleevent %s deleted (it had already ended %s)\n", name, ev.Status.ClaimStatus)
@@ -97,6 +115,7 @@ events are gone.`,
 	cmd.Flags().BoolVar(&wait, "wait", false, "Wait until the events are gone")
 	cmd.Flags().DurationVar(&timeout, "timeout", 0, "With --wait: give up after this long (exit 4). 0: no limit")
 	cmd.Flags().StringVarP(&selector, "selector", "l", "", "Cancel every unfinished event matching this label selector")
+	res.addFlag(cmd)
 	return cmd
 }
 

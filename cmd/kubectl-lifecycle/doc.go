@@ -10,25 +10,30 @@
 // are cluster-scoped):
 //
 //	transitions [NODE]                     what each node's agent can do
-//	run DRIVER NODE [--param k=v]… [--wait] [--timeout D]
+//	run DRIVER NODE [--param k=v]… [--wait] [--timeout D] [-o json|name]
 //	drain|uncordon|reboot NODE             run DRIVER NODE --wait
 //	status [NODE|EVENT] [-l SEL]           events table, or one event in detail
 //	cancel (EVENT…|-l SEL) [--wait]        delete: the agent cancels at a safe point
 //	history [NODE]                         finished events, oldest first
 //	rollout DRIVER (-l SEL|NODE…) --max-concurrent N [--max-failures M]
 //	        [--wait] [--timeout D] [--group G] [--param k=v]… [--retry-failed]
-//	version
+//	version [-o json]
 //
 // Listing commands take -o wide|json|yaml|name|jsonpath=…|go-template=….
+// The commands that act (run and its shorthands, rollout, cancel) take
+// -o json|name (result.go): progress goes to stderr, stdout holds only the
+// bare event names or one JSON object with the command's result and exit
+// code; version takes -o json. Any other -o is a usage error, before any
+// API call.
 //
-// Exit codes: 0 success; 1 the event (or a rollout node) Failed, or an API
-// error; 2 usage (bad flags or arguments, or a driver the node does not
-// offer: the message lists what it offers); 3 the event's SLA expired; 4
-// --timeout passed first (the work goes on); 5 the event was deleted
-// before it ended (cancelled: no end state, as lifecycle-agent's 5); 6 the
-// API server did not answer (refused, reset, unreachable, timed out or
-// unavailable: retry later, as lifecycle-agent's 6); 130 interrupted
-// (SIGINT, SIGTERM; the work goes on).
+// Exit codes: the one table of both binaries (internal/exitcode, appended
+// to every command's --help): 0 success; 1 the event (or a rollout node)
+// Failed, or an API error; 2 usage (bad flags or arguments, or a driver the
+// node does not offer: the message lists what it offers); 3 the event's
+// SLA expired; 4 --timeout passed first (the work goes on); 5 the event was
+// deleted before it ended (cancelled: no end state); 6 the API server did
+// not answer (refused, reset, unreachable, timed out or unavailable: retry
+// later); 130 interrupted (SIGINT, SIGTERM; the work goes on).
 //
 // run names its event <NODE>-<DRIVER>-<random> (generateName on the
 // transition's name) and labels it app.kubernetes.io/managed-by=

@@ -49,6 +49,7 @@ type rolloutOptions struct {
 	retryFailed   bool
 	needsReboot   bool
 	needsGPUReset bool
+	out           *resultOutput
 }
 
 // need is the Node condition --needs-reboot or --needs-gpu-reset selects
@@ -64,7 +65,7 @@ func (r *rolloutOptions) need() string {
 }
 
 func newRolloutCmd(o *options) *cobra.Command {
-	r := &rolloutOptions{}
+	r := &rolloutOptions{out: resultFormats()}
 	var cmd *cobra.Command
 	cmd = &cobra.Command{
 		Use:   "rollout DRIVER (-l SELECTOR | NODE... | --needs-reboot | --needs-gpu-reset)",
@@ -100,14 +101,20 @@ recovery action, a pending row remap, a reset-class XID). For the
 gpu-reset driver each node's event then gets gpus=<the indices its
 condition names> unless --param gpus=... is given (a condition whose list
 was cut, ",More", gets gpus=all), and drain=true when a GPU's recovery
-action is DRAIN_AND_RESET unless --param drain=... is given.`,
+action is DRAIN_AND_RESET unless --param drain=... is given.
+
+-o name prints the names of the rollout's events (created or adopted), one
+per line, when the command ends; -o json one object: {"rollout", "driver",
+"nodes": [{"node", "event", "state", "claimStatus", "message"}], "done",
+"running", "waiting", "failed", "result", "exitCode", "error"}. With either,
+the progress lines go to stderr.`,
 		Example: `  kubectl lifecycle rollout drain -l rack=r12 --max-concurrent 2 --wait
   kubectl lifecycle rollout reboot node-a node-b node-c --max-concurrent 1 --max-failures 1 --wait
   kubectl lifecycle rollout uncordon -l rack=r12 --max-concurrent 5 --group rack-r12-uncordon --wait
   kubectl lifecycle rollout reboot --needs-reboot --max-concurrent 1 --wait
   kubectl lifecycle rollout gpu-reset --needs-gpu-reset --max-concurrent 2 --wait`,
 		Args: argsBetween(1, -1),
-		RunE: o.runE(func(ctx context.Context, args []string) error {
+		RunE: o.resultE(r.out, func(ctx context.Context, args []string) error {
 			if !r.wait && cmd.Flags().Changed("max-failures") {
 				return usageErr("--max-failures needs --wait: without it nothing stays to count failures")
 			}
@@ -126,6 +133,7 @@ action is DRAIN_AND_RESET unless --param drain=... is given.`,
 	f.BoolVar(&r.needsReboot, "needs-reboot", false, "Only the selected nodes (default: all) that report RebootRequired=True")
 	f.BoolVar(&r.needsGPUReset, "needs-gpu-reset", false, "Only the selected nodes (default: all) that report GPUResetRequired=True")
 	cmd.MarkFlagsMutuallyExclusive("needs-reboot", "needs-gpu-reset")
+	r.out.addFlag(cmd)
 	return cmd
 }
 
@@ -388,25 +396,13 @@ func (o *options) rollout(ctx context.Context, driver string, nodeArgs []string,
 		}
 		if len(nodeObjs) == 0 {
 			fmt.Fprintf(o.out, "no selected node reports %s=True: nothing to do\n", need)
+			group := rolloutGroup(r, short, nil, nodeArgs, selector)
+			r.out.value = func(code int, msg string) any { return newRolloutResult(group, short, nil, code, msg) }
 			return nil
 		}
 	}
 	names := sortedKeys(nodeObjs)
-	group := r.group
-	switch {
-	case group == "" && r.need() != "":
-		// The set shrinks as nodes reboot: name the rollout by what
-		// selects it, so that running it again adopts its events.
-		args := append([]string(nil), nodeArgs...)
-		sort.Strings(args)
-		flag := "needs-reboot"
-		if r.needsGPUReset {
-			flag = "needs-gpu-reset"
-		}
-		group = defaultGroup(short, nil, flag+";"+selector+";"+strings.Join(args, ","))
-	case group == "":
-		group = defaultGroup(short, names, selector)
-	}
+	group := rolloutGroup(r, short, names, nodeArgs, selector)
 
 	// Adopt what an earlier run of the same rollout created.
 	existing, err := cl.lc.Events.List(ctx, metav1.ListOptions{LabelSelector: labelRollout + "=" + group})
@@ -484,10 +480,40 @@ func (o *options) rollout(ctx context.Context, driver string, nodeArgs []string,
 		fmt.Fprintf(o.out, "resuming: %d node(s) already started by an earlier run: %s\n", len(nodes)-t.waiting, t)
 	}
 	ro := &rolloutRun{o: o, cl: cl, group: group, short: short, params: params, r: r, nodes: nodes, start: o.clock.Now()}
+	r.out.value = func(code int, msg string) any { return newRolloutResult(group, short, nodes, code, msg) }
+	if r.out.format == outName {
+		defer func() {
+			for _, n := range nodes {
+				if n.ev != nil {
+					r.out.name(n.event)
+				}
+			}
+		}()
+	}
 	if !r.wait {
 		return ro.createAll(ctx)
 	}
 	return ro.follow(ctx)
+}
+
+// rolloutGroup is --group, or the default group of the rollout of short
+// on the nodes names (sorted) chosen by nodeArgs and selector.
+func rolloutGroup(r *rolloutOptions, short string, names, nodeArgs []string, selector string) string {
+	switch {
+	case r.group != "":
+		return r.group
+	case r.need() != "":
+		// The set shrinks as nodes reboot: name the rollout by what
+		// selects it, so that running it again adopts its events.
+		args := append([]string(nil), nodeArgs...)
+		sort.Strings(args)
+		flag := "needs-reboot"
+		if r.needsGPUReset {
+			flag = "needs-gpu-reset"
+		}
+		return defaultGroup(short, nil, flag+";"+selector+";"+strings.Join(args, ","))
+	}
+	return defaultGroup(short, names, selector)
 }
 
 func (o *options) warnDiffers(ev *v1alpha1.LifecycleEvent, params map[string]string, maxConcurrent int) {

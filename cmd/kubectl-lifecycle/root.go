@@ -22,18 +22,20 @@ import (
 
 	"github.com/lifecycle-agent/lifecycle-agent/api/v1alpha1"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/apiclient"
+	"github.com/lifecycle-agent/lifecycle-agent/internal/exitcode"
 )
 
-// Exit codes; doc.go and docs/plugin.md list them for users.
+// Exit codes: the one table of both binaries (internal/exitcode; every
+// --help ends with it, doc.go and docs/plugin.md list it for users).
 const (
-	exitOK          = 0
-	exitFailed      = 1 // an event (or a rollout node) failed, or an API error (not unreachable: 6)
-	exitUsage       = 2 // bad arguments or flags; a driver the node does not offer
-	exitSlaExpired  = 3 // the event ended SlaExpired
-	exitTimeout     = 4 // --timeout passed before the end; the work goes on
-	exitCancelled   = 5 // the event was deleted before it ended (as lifecycle-agent's 5)
-	exitUnavailable = 6 // the API server did not answer: retry later (as lifecycle-agent's 6)
-	exitInterrupted = 130
+	exitOK          = exitcode.OK
+	exitFailed      = exitcode.Failed      // an event (or a rollout node) failed, or an API error (not unreachable: 6)
+	exitUsage       = exitcode.Usage       // bad arguments or flags; a driver the node does not offer
+	exitSlaExpired  = exitcode.SlaExpired  // the event ended SlaExpired
+	exitTimeout     = exitcode.Timeout     // --timeout passed before the end; the work goes on
+	exitCancelled   = exitcode.Cancelled   // the event was deleted before it ended
+	exitUnavailable = exitcode.Unavailable // the API server did not answer: retry later
+	exitInterrupted = exitcode.Interrupted // SIGINT or SIGTERM; the work goes on
 )
 
 // exitError carries an exit code and the one-line message printed as
@@ -236,13 +238,9 @@ created keeps running when the plugin exits.`,
 		newCancelCmd(o),
 		newHistoryCmd(o),
 		newRolloutCmd(o),
-		&cobra.Command{
-			Use:   "version",
-			Short: "Print the plugin's version",
-			Args:  cobra.NoArgs,
-			Run:   func(cmd *cobra.Command, _ []string) { fmt.Fprintf(o.out, "kubectl-lifecycle %s\n", version) },
-		},
+		newVersionCmd(o),
 	)
+	exitcode.AddToHelp(root)
 	return root
 }
 

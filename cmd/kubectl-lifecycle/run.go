@@ -28,16 +28,18 @@ type runOptions struct {
 	params  []string
 	wait    bool
 	timeout time.Duration
+	out     *resultOutput
 }
 
 func (r *runOptions) addFlags(cmd *cobra.Command, waitDefault bool) {
 	cmd.Flags().StringArrayVar(&r.params, "param", nil, "Driver parameter NAME=VALUE (repeatable), e.g. --param gracePeriodSeconds=30")
 	cmd.Flags().BoolVar(&r.wait, "wait", waitDefault, "Follow the event until it ends and exit with its outcome")
 	cmd.Flags().DurationVar(&r.timeout, "timeout", 0, "With --wait: give up waiting after this long (exit 4; the event keeps running). 0: no limit (the event's SLA still ends it)")
+	r.out.addFlag(cmd)
 }
 
 func newRunCmd(o *options) *cobra.Command {
-	r := &runOptions{}
+	r := &runOptions{out: resultFormats()}
 	cmd := &cobra.Command{
 		Use:   "run DRIVER NODE",
 		Short: "Run a driver's transition on a node (creates a LifecycleEvent)",
@@ -47,12 +49,18 @@ lifecycle-agent published (see 'kubectl lifecycle transitions NODE').
 Without --wait it prints the event's name and returns. With --wait it
 follows the event live, one line per step with its timing, and exits 0 when
 it Succeeded, 1 when it Failed, 3 when its SLA expired, 4 when --timeout
-passed first (the event keeps running).`,
+passed first (the event keeps running), 5 when it was deleted first.
+
+-o name prints the event's bare name as soon as it is created; -o json one
+object when the command ends: {"event", "node", "driver", "transition",
+"claimStatus", "step", "message", "result", "exitCode", "error"}. With
+either, the progress lines go to stderr.`,
 		Example: `  kubectl lifecycle run drain node-a --wait
   kubectl lifecycle run drain node-a --param gracePeriodSeconds=30 --param podSelector=app=web
-  ev=$(kubectl lifecycle run uncordon node-a) && kubectl lifecycle status "$ev"`,
+  ev=$(kubectl lifecycle run uncordon node-a) && kubectl lifecycle status "$ev"
+  kubectl lifecycle run reboot node-a --wait --timeout 30m -o json`,
 		Args: argsBetween(2, 2),
-		RunE: o.runE(func(ctx context.Context, args []string) error {
+		RunE: o.resultE(r.out, func(ctx context.Context, args []string) error {
 			return o.run(ctx, args[0], args[1], r)
 		}),
 	}
@@ -61,14 +69,14 @@ passed first (the event keeps running).`,
 }
 
 func newShorthandCmd(o *options, driver, short string) *cobra.Command {
-	r := &runOptions{}
+	r := &runOptions{out: resultFormats()}
 	cmd := &cobra.Command{
 		Use:     driver + " NODE",
 		Short:   short,
-		Long:    short + ".\n\nThe same as 'kubectl lifecycle run " + driver + " NODE --wait'.",
+		Long:    short + ".\n\nThe same as 'kubectl lifecycle run " + driver + " NODE --wait', -o json|name included.",
 		Example: fmt.Sprintf("  kubectl lifecycle %s node-a", driver),
 		Args:    argsBetween(1, 1),
-		RunE: o.runE(func(ctx context.Context, args []string) error {
+		RunE: o.resultE(r.out, func(ctx context.Context, args []string) error {
 			return o.run(ctx, driver, args[0], r)
 		}),
 	}
@@ -98,15 +106,20 @@ func (o *options) run(ctx context.Context, driver, node string, r *runOptions) e
 	if err != nil {
 		return fmt.Errorf("create LifecycleEvent for %s: %w", lt.Name, err)
 	}
+	last := ev
+	r.out.value = func(code int, msg string) any { return newRunResult(last, driver, code, msg) }
+	r.out.name(ev.Name)
 	if !r.wait {
-		fmt.Fprintln(o.out, ev.Name)
+		if r.out.format == "" {
+			fmt.Fprintln(o.out, ev.Name)
+		}
 		return nil
 	}
 	fmt.Fprintf(o.out, "lifecycleevent %s created (transition %s: %s -> %s on node %s)\n", ev.Name, lt.Name, lt.Spec.Start, lt.Spec.End, node)
 	if ahead := o.unfinishedAhead(ctx, cl, ev); len(ahead) > 0 {
 		fmt.Fprintf(o.out, "note: node %s runs one event at a time; waiting behind %s\n", node, strings.Join(ahead, ", "))
 	}
-	return o.follow(ctx, cl, ev, r.timeout)
+	return o.follow(ctx, cl, ev, r.timeout, func(cur *v1alpha1.LifecycleEvent) { last = cur })
 }
 
 // unfinishedAhead names the node's other unfinished events created before ev.
@@ -130,20 +143,20 @@ func (o *options) unfinishedAhead(ctx context.Context, cl *clients, ev *v1alpha1
 }
 
 // follow prints the event's progress until it ends and maps the outcome to
-// an exit code.
-func (o *options) follow(ctx context.Context, cl *clients, ev *v1alpha1.LifecycleEvent, timeout time.Duration) error {
+// an exit code; seen gets every version of the event it sees.
+func (o *options) follow(ctx context.Context, cl *clients, ev *v1alpha1.LifecycleEvent, timeout time.Duration, seen func(*v1alpha1.LifecycleEvent)) error {
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	c := startEventCache(wctx, cl.lc, metav1.ListOptions{FieldSelector: "metadata.name=" + ev.Name})
 	p := newProgress(o, ev.Name, o.clock.Now())
 	deadline := o.timeoutC(timeout)
 	hint := o.clock.After(pendingHint)
-	seen := false
 	keepsRunning := fmt.Sprintf("it keeps running: follow it with 'kubectl lifecycle status %s', stop it with 'kubectl lifecycle cancel %s'", ev.Name, ev.Name)
 	var finishedAt time.Time
 	for {
+		synced := c.ctrl.HasSynced() // before get: a list that came between would not count
 		if cur, ok := c.get(ev.Name); ok {
-			seen = true
+			seen(cur)
 			if p.update(cur) {
 				if finishedAt.IsZero() {
 					finishedAt = o.clock.Now()
@@ -152,7 +165,10 @@ func (o *options) follow(ctx context.Context, cl *clients, ev *v1alpha1.Lifecycl
 					return outcome(cur)
 				}
 			}
-		} else if seen {
+		} else if synced {
+			// It was created before the cache's first list: absent
+			// from a synced cache, it was deleted (perhaps before that
+			// list saw it).
 			if !finishedAt.IsZero() {
 				return outcome(p.last)
 			}
