@@ -23,6 +23,12 @@
 // the outbox, which supersedes older entries of the same kind, and a
 // flusher delivers them in order while the API server is reachable. So an
 // older state never overwrites a newer one, and nothing is lost offline.
+// A status that only shows live progress — a progress message, the Running
+// of a step without a Done check — lingers up to a second at the head of
+// the outbox, so that the next state supersedes it: a fast step costs no
+// status write of its own (pushStatusLazy). The Running of a step with a
+// Done check goes out at once: after a lost journal it is what makes the
+// replay ask the driver before acting again.
 //
 // API cost: the claim reads the transition (and the Node, for a
 // nodeSelector) and takes the Lease and the status with the copies the watch

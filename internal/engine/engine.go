@@ -102,6 +102,12 @@ type Engine struct {
 
 	beat atomic.Int64 // UnixNano of the engine's last sign of progress (Healthy)
 
+	// lazy: outbox entries (by seq) of pushStatusLazy and when they go out.
+	// deferred: a lazy status held back behind an urgent one, by event UID.
+	lazyMu   sync.Mutex
+	lazy     map[uint64]time.Time
+	deferred map[string]*active
+
 	mu      sync.Mutex
 	current *active
 	last    *v1alpha1.LifecycleEvent // the running event as our last write of it returned (remember)

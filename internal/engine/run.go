@@ -338,7 +338,14 @@ func (e *Engine) runStep(ctx context.Context, a *active, i, attempt int, rt *ste
 	st.StartTime, st.FinishTime = ptrTime(now), nil
 	a.status.CurrentStep = s.Name
 	setCond(&a.status, v1alpha1.ConditionProgressing, metav1.ConditionTrue, "StepRunning", "running step "+s.Name, now)
-	e.pushStatus(a)
+	if s.Done != nil {
+		// A step with a Done check is not simply repeated: after a lost
+		// journal the status's Running is what makes a replay ask before
+		// acting again (rebuildSteps). It goes out at once.
+		e.pushStatus(a)
+	} else {
+		e.pushStatusLazy(a)
+	}
 	e.pushNode(a, running) // MaintenanceInProgress from the first disruptive step on
 	e.setState(fmt.Sprintf("event %s: step %s", a.name, s.Name), "event", a.name, "step", s.Name)
 
@@ -552,6 +559,7 @@ func (e *Engine) finish(ctx context.Context, a *active, outcome journal.Outcome,
 		// that report it would be replayed from Finishing with nothing
 		// to deliver (the Node left mid-transition, the status never
 		// written; the fault schedules found it).
+		e.dropDeferred(a.uid) // the end state carries it
 		if !e.durably(ctx, a, "its end state", func() error {
 			node, changed := a.nodeEntry(outcome)
 			var push []journal.OutboxEntry
@@ -795,12 +803,116 @@ type nodePayload struct {
 }
 
 func (e *Engine) pushStatus(a *active) error {
+	e.dropDeferred(a.uid)
 	_, err := e.cfg.Journal.OutboxPush(a.statusEntry())
 	if err != nil {
 		e.log.Error("outbox push", "event", a.name, "err", err)
 	}
 	poke(e.flushWake)
 	return err
+}
+
+// statusLinger is how long a lazy status entry (pushStatusLazy) waits at
+// the head of the outbox for a newer status of its event to supersede it.
+const statusLinger = time.Second
+
+// pushStatusLazy queues the event's status as pushStatus does, for a write
+// that only shows live progress: a step's Running (of a step without a
+// Done check: repeating it is harmless) or a progress message. Such an
+// entry is delivered statusLinger after it was queued, unless a newer
+// status of the event supersedes it first — the next step's Running, a
+// slot wait, the end state — so a step that ends within statusLinger
+// costs no status write of its own, and progress messages cost at most
+// one write a second. Nothing is reordered: the outbox stays in order,
+// entries queued behind it wait (at most statusLinger), and the Node's
+// conditions still go out before the status queued after them.
+//
+// While a status that must go out at once (pushStatus: the Running of a
+// step with a Done check) is still queued, a lazy one is not queued at
+// all, which would supersede it and take its urgency: it is deferred,
+// and queued once that one was delivered (flushLoop) — or dropped, when a
+// later status, which carries everything it says, comes first. After a
+// restart nothing is lazy.
+func (e *Engine) pushStatusLazy(a *active) error {
+	e.lazyMu.Lock()
+	pending, err := e.cfg.Journal.OutboxPending()
+	if err == nil {
+		for _, p := range pending {
+			if _, lazy := e.lazy[p.Seq]; p.UID == a.uid && p.Kind == journal.OutboxEventStatus && !lazy {
+				if e.deferred == nil {
+					e.deferred = map[string]*active{}
+				}
+				e.deferred[a.uid] = a
+				e.lazyMu.Unlock()
+				return nil
+			}
+		}
+	}
+	seq, err := e.cfg.Journal.OutboxPush(a.statusEntry())
+	if err != nil {
+		e.log.Error("outbox push", "event", a.name, "err", err)
+	} else {
+		if e.lazy == nil {
+			e.lazy = map[uint64]time.Time{}
+		}
+		e.lazy[seq] = e.cfg.Clock.Now().Add(statusLinger)
+	}
+	e.lazyMu.Unlock()
+	poke(e.flushWake)
+	return err
+}
+
+// dropDeferred forgets a deferred lazy status of uid: a status queued now
+// carries all it says.
+func (e *Engine) dropDeferred(uid string) {
+	e.lazyMu.Lock()
+	delete(e.deferred, uid)
+	e.lazyMu.Unlock()
+}
+
+// delivered is called after the outbox entry en was delivered: a status
+// deferred behind it (pushStatusLazy) is queued now.
+func (e *Engine) delivered(en journal.OutboxEntry) {
+	if en.Kind != journal.OutboxEventStatus {
+		return
+	}
+	e.lazyMu.Lock()
+	a := e.deferred[en.UID]
+	delete(e.deferred, en.UID)
+	e.lazyMu.Unlock()
+	if a != nil {
+		_ = e.pushStatusLazy(a)
+	}
+}
+
+// lingering is how long the outbox's head entry still waits (lazy), and
+// forgets lazy entries that are gone from the outbox (superseded).
+func (e *Engine) lingering(pending []journal.OutboxEntry) time.Duration {
+	e.lazyMu.Lock()
+	defer e.lazyMu.Unlock()
+	if len(e.lazy) == 0 {
+		return 0
+	}
+	if len(e.lazy) > len(pending) {
+		in := map[uint64]bool{}
+		for _, p := range pending {
+			in[p.Seq] = true
+		}
+		for seq := range e.lazy {
+			if !in[seq] {
+				delete(e.lazy, seq)
+			}
+		}
+	}
+	until, ok := e.lazy[pending[0].Seq]
+	if !ok {
+		return 0
+	}
+	if d := until.Sub(e.cfg.Clock.Now()); d > 0 {
+		return d
+	}
+	delete(e.lazy, pending[0].Seq)
+	return 0
 }
 
 // statusEntry is the outbox entry of the event's status as it is now.
@@ -818,6 +930,14 @@ func (e *Engine) flushLoop(ctx context.Context) {
 		pending, err := e.cfg.Journal.OutboxPending()
 		e.cfg.Metrics.OutboxDepth.Set(float64(len(pending)))
 		if err == nil && len(pending) > 0 {
+			if wait := e.lingering(pending); wait > 0 {
+				select {
+				case <-ctx.Done():
+				case <-e.flushWake: // maybe superseded
+				case <-e.cfg.Clock.After(wait):
+				}
+				continue
+			}
 			if err := e.deliver(ctx, pending[0]); err != nil {
 				if isInvalid(err) && ctx.Err() == nil {
 					// The server refuses this write for good (422/400): drop
@@ -838,6 +958,7 @@ func (e *Engine) flushLoop(ctx context.Context) {
 			}
 			fails = 0
 			_ = e.cfg.Journal.OutboxAck(pending[0].Seq)
+			e.delivered(pending[0])
 			poke(e.flushed)
 			continue
 		}

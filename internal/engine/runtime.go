@@ -34,7 +34,7 @@ func (r *stepRuntime) Progress(msg string) {
 	r.a.status.Message = truncate(msg)
 	step := r.a.status.CurrentStep
 	r.a.statusMu.Unlock()
-	_ = r.e.pushStatus(r.a)
+	_ = r.e.pushStatusLazy(r.a) // a following state supersedes it (pushStatusLazy)
 	if step == drivers.StepWaitWorkloads {
 		// Its progress names what the node waits for, which the Node's
 		// MaintenanceInProgress names too (eventConditions); pushNode
