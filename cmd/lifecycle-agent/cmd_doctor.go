@@ -147,8 +147,14 @@ func runDoctor(ctx context.Context, e *env, o doctorOptions) error {
 	return nil
 }
 
+// doctorConfig names every file the configuration was read from, lowest
+// layer first (the package's drop-ins, config.yaml, the admin's drop-ins),
+// so an admin sees which drop-in is in play.
 func doctorConfig(cfg *config.Config) check {
-	src := cfg.Path
+	src := strings.Join(cfg.Files, ", ")
+	if src == "" {
+		src = cfg.Path
+	}
 	if src == "" {
 		src = "defaults (no " + config.DefaultPath + ")"
 	}

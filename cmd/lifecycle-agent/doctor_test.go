@@ -349,3 +349,36 @@ func lastLine(s string) string {
 	lines := strings.Split(strings.TrimSuffix(s, "\n"), "\n")
 	return lines[len(lines)-1]
 }
+
+// TestDoctorConfigNamesDropIns: doctor's config line names every file the
+// configuration came from, lowest layer first, so an admin sees which
+// drop-in is in play (real files, loaded as the agent loads them).
+func TestDoctorConfigNamesDropIns(t *testing.T) {
+	dir, vendor := t.TempDir(), t.TempDir()
+	for _, d := range []string{dir, vendor} {
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write := func(path, text string) {
+		t.Helper()
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, []byte(text), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	main := filepath.Join(dir, "config.yaml")
+	write(filepath.Join(vendor, "50-package-defaults.yaml"), "# the package's defaults\n")
+	write(main, "logLevel: info\n")
+	write(filepath.Join(dir, "config.d", "50-site.yaml"), "logLevel: debug\n")
+	cfg, err := config.Load(config.Options{DefaultPath: main, VendorDir: vendor, Hostname: func() (string, error) { return "node-a", nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "✓ config: " + filepath.Join(vendor, "50-package-defaults.yaml") + ", " + main + ", " + filepath.Join(dir, "config.d", "50-site.yaml") + " (node node-a)"
+	if got := doctorConfig(cfg).String(); got != want {
+		t.Errorf("\n got %s\nwant %s", got, want)
+	}
+}
