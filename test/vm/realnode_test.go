@@ -57,17 +57,67 @@ func startRealNodeWith(t *testing.T, opts vm.ClusterOptions) *realNode {
 	c := vm.StartClusterWith(t, opts)
 	rec := c.RecordNode(t)
 	v := c.StartVMWith(t, vm.Options{Mem: 2048})
-	c.ProvisionNode(t, v, agentConfig)
+	c.ProvisionNode(t, v, realNodeConfig)
 	t.Logf("dpkg -i:\n%s", lastLines(vm.InstallDeb(t, v, deb), 5))
 	vm.WaitAgentActive(t, v, agentStartTimeout)
+	// The logind drop-in race (issue 40 item 4), as on a node's first
+	// boot: the agent is active with its drop-in at its own budget and no
+	// 99-kubelet.conf exists when the kubelet starts for the first time.
+	if out, code := v.Run("test ! -e " + kubeletDropIn + " && grep -x 'InhibitDelayMaxSec=10' " + agentDropIn); code != 0 {
+		out, _, _, _ = v.Try("ls -l /etc/systemd/logind.conf.d/; grep -H . /etc/systemd/logind.conf.d/*")
+		t.Fatalf("before the kubelet's first start: want no %s and the agent's %s at its budget (10 s):\n%s", kubeletDropIn, agentDropIn, out)
+	} else {
+		t.Logf("before the kubelet's first start: the agent's drop-in says %s, no 99-kubelet.conf", strings.TrimSpace(out))
+	}
 	start := time.Now()
 	v.MustRun("systemctl enable --now containerd.service ci-images.service kubelet.service 2>&1")
 	n := waitKubeletReady(t, c, v, kubeletReadyTimeout)
 	vm.Timings.Record("real kubelet: enable → Node Ready", time.Since(start))
 	t.Logf("vm-node Ready after %s: kubelet %s, runtime %s, boot %s", time.Since(start).Round(time.Second),
 		n.Status.NodeInfo.KubeletVersion, n.Status.NodeInfo.ContainerRuntimeVersion, n.Status.NodeInfo.BootID)
+	checkDropInFollowed(t, v)
 	c.WaitTransition(t, transitionReboot, 2*time.Minute)
 	return &realNode{agentNode: &agentNode{c: c, v: v, rec: rec, deb: deb}, kubeletVersion: n.Status.NodeInfo.KubeletVersion}
+}
+
+const (
+	// realNodeConfig: the agent manages its logind drop-in with a budget
+	// above logind's default 5 s and below the kubelet's 20 s, so both
+	// drop-ins exist and the agent's, which sorts last, must follow the
+	// kubelet's (checkDropInFollowed).
+	realNodeConfig = agentConfig + "shutdown:\n  budget: 10s\n  manageLogindDropIn: true\n"
+	kubeletDropIn  = "/etc/systemd/logind.conf.d/99-kubelet.conf"
+	agentDropIn    = "/etc/systemd/logind.conf.d/99-lifecycle-agent.conf"
+)
+
+// checkDropInFollowed checks the end of the drop-in race on the kubelet's
+// first start with graceful node shutdown on (the image's 20 s): the
+// kubelet wrote 99-kubelet.conf after the agent's drop-in existed; the
+// agent's file, which sorts last and decides, followed it to the
+// kubelet's value; logind's effective InhibitDelayMaxUSec is that value;
+// the kubelet's shutdown manager started (its delay lock is held, its log
+// has no "Failed to start node shutdown manager"). The order and times of
+// the writes are logged, on the guest's clock.
+func checkDropInFollowed(t *testing.T, v *vm.VM) {
+	t.Helper()
+	vm.Eventually(t, time.Minute, "the kubelet's delay lock (its shutdown manager started)", func() (bool, string) {
+		out, _, _, _ := v.Try("systemd-inhibit --list --no-pager --no-legend")
+		return strings.Contains(out, "kubelet"), out
+	})
+	out := v.MustRun("stat -c '%.9Y %n' " + kubeletDropIn + " " + agentDropIn + "; cat " + kubeletDropIn + " " + agentDropIn +
+		"; busctl get-property org.freedesktop.login1 /org/freedesktop/login1 org.freedesktop.login1.Manager InhibitDelayMaxUSec")
+	t.Logf("after the kubelet's first start (mtimes on the guest's clock, then both files and logind's value):\n%s", out)
+	if !strings.Contains(out, "t 20000000") {
+		t.Errorf("logind's InhibitDelayMaxUSec is not the kubelet's 20 s after its first start: the agent's drop-in did not follow 99-kubelet.conf:\n%s", out)
+	}
+	if kl := v.Journal("kubelet"); strings.Contains(kl, "Failed to start node shutdown manager") {
+		t.Errorf("the kubelet ran without graceful node shutdown after its first start:\n%s", grepLines(kl, "shutdown"))
+	}
+	if al := v.Journal(vm.Unit); !strings.Contains(al, "logind drop-in follows the kubelet's") {
+		t.Errorf("the agent's log does not say its drop-in followed the kubelet's:\n%s", lastLines(grepLines(al, "drop-in"), 10))
+	} else {
+		t.Logf("the agent's log:\n%s", lastLines(grepLines(al, "drop-in"), 5))
+	}
 }
 
 // waitKubeletReady waits until the Node is Ready as reported by the
