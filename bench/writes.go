@@ -4,12 +4,20 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"sort"
 	"strings"
 	"time"
 
+	"k8s.io/client-go/rest"
+
+	"github.com/lifecycle-agent/lifecycle-agent/internal/agent"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/config"
+	"github.com/lifecycle-agent/lifecycle-agent/internal/devices"
+	"github.com/lifecycle-agent/lifecycle-agent/internal/devices/devicestest"
+	"github.com/lifecycle-agent/lifecycle-agent/internal/drivers"
+	"github.com/lifecycle-agent/lifecycle-agent/internal/hostops"
 	"github.com/lifecycle-agent/lifecycle-agent/test/testenv"
 )
 
@@ -18,23 +26,31 @@ type WriteCase struct {
 	Label  string
 	Driver string // short name, as in the transition's name
 	Params map[string]string
-	// Pods, when > 0, puts that many pods (a StatefulSet's, no PDB) on the
-	// node before the event.
+	// Pods, when > 0, puts that many pods (a StatefulSet's) on the node
+	// before the event; their replacements go to a spare node.
 	Pods int
+	// MinAvailable, when > 0, puts the pods behind a PodDisruptionBudget
+	// with that minAvailable: evictions are refused (429) until the
+	// replacements run on the spare node.
+	MinAvailable int
 }
 
 // WriteStats is what one event cost in requests made with the agent's
 // identity, counted at the agent's client.
 type WriteStats struct {
-	Label   string         `json:"label"`
-	Driver  string         `json:"driver"`
-	Steps   int            `json:"steps"`
-	Writes  int            `json:"writes"`
-	Reads   int            `json:"reads"`
-	Budget  int            `json:"budget"` // 2 × steps + 4
-	Outcome string         `json:"outcome"`
-	Writing map[string]int `json:"writing"` // write requests by "VERB resource"
-	Reading map[string]int `json:"reading"` // other requests
+	Label  string `json:"label"`
+	Driver string `json:"driver"`
+	Steps  int    `json:"steps"`
+	Writes int    `json:"writes"` // evictions apart: Evictions
+	Reads  int    `json:"reads"`
+	// Evictions are the drain's POST pods/eviction, accepted or refused by
+	// a PodDisruptionBudget (429): one per pod and per refused try, the
+	// drain's own cost, counted apart from Writes.
+	Evictions int            `json:"evictions"`
+	Budget    int            `json:"budget"` // 2 × steps + 4
+	Outcome   string         `json:"outcome"`
+	Writing   map[string]int `json:"writing"` // write requests by "VERB resource"
+	Reading   map[string]int `json:"reading"` // other requests
 	// ServerNodeRequests is the same window's increase of the API
 	// server's count of node-identity requests (NodeRequests), the
 	// server's view of what Writes+Reads counted at the client.
@@ -42,7 +58,8 @@ type WriteStats struct {
 	Seconds            float64 `json:"seconds"`
 }
 
-// DefaultWriteCases covers every built-in driver that runs without NVML,
+// DefaultWriteCases covers every built-in driver but shutdown (not
+// claimed: logind starts it), gpu-reset on go-nvml's mock of a DGX H100,
 // plus a vendor exec driver, in an order that leaves the node as it found
 // it.
 func DefaultWriteCases() []WriteCase {
@@ -56,6 +73,9 @@ func DefaultWriteCases() []WriteCase {
 		{Label: "exec driver from config (2 steps)", Driver: "bench-exec"},
 		{Label: "drain (10 pods, no PDB)", Driver: "drain", Pods: 10},
 		{Label: "uncordon (our cordon, after the 10-pod drain)", Driver: "uncordon"},
+		{Label: "drain (5 pods behind a PDB, minAvailable 4)", Driver: "drain", Pods: 5, MinAvailable: 4},
+		{Label: "uncordon (our cordon, after the PDB drain)", Driver: "uncordon"},
+		{Label: "gpu-reset, simulated (one GPU of a mock DGX H100)", Driver: "gpu-reset", Params: map[string]string{"gpus": "0"}},
 	}
 }
 
@@ -76,20 +96,32 @@ func Writes(ctx context.Context, dir string, cases []WriteCase, say func(string,
 	if _, err := testenv.RunKubeletStandIn(ctx, env.AdminConfig(), node); err != nil {
 		return nil, err
 	}
+	const spare = node + "-spare" // where a workload's evicted pods come back
+	if err := testenv.CreateNode(ctx, env.AdminConfig(), spare, nil); err != nil {
+		return nil, err
+	}
+	if _, err := testenv.RunKubeletStandIn(ctx, env.AdminConfig(), spare); err != nil {
+		return nil, err
+	}
 	log, closer, err := FileLogger(filepath.Join(dir, "agent.log"), slog.LevelInfo)
 	if err != nil {
 		return nil, err
 	}
 	defer closer.Close()
 	counter := NewCounter()
-	a, err := StartAgent(ctx, AgentOptions{Node: node, Dir: filepath.Join(dir, node), Rest: env.AgentRestConfig(node), Log: log, Counter: counter,
+	gpu, stopGPU, err := mockGPUReset(log)
+	if err != nil {
+		return nil, err
+	}
+	defer stopGPU()
+	a, err := startWritesAgent(ctx, AgentOptions{Node: node, Dir: filepath.Join(dir, node), Rest: env.AgentRestConfig(node), Log: log, Counter: counter,
 		Configure: func(c *config.Config) {
 			c.OSUpgrade.Profiles = map[string]config.OSUpgradeProfile{"bench": {Command: []string{"/bin/true"}, Timeout: time.Minute, RebootPolicy: config.RebootAlways}}
 			c.Exec.Drivers = []config.ExecDriver{{Name: "bench-exec", Start: "BenchStarted", End: "BenchDone", SLA: 10 * time.Minute, Steps: []config.ExecStep{
 				{Name: "one", Command: []string{"/bin/true"}, Timeout: time.Minute},
 				{Name: "two", Command: []string{"/bin/true"}, Timeout: time.Minute},
 			}}}
-		}})
+		}}, gpu)
 	if err != nil {
 		return nil, err
 	}
@@ -109,7 +141,7 @@ func Writes(ctx context.Context, dir string, cases []WriteCase, say func(string,
 			return out, err
 		}
 		if c.Pods > 0 {
-			w := &testenv.Workload{Namespace: fmt.Sprintf("bench-writes-%d", i), Name: "app", Node: node, Replicas: c.Pods}
+			w := &testenv.Workload{Namespace: fmt.Sprintf("bench-writes-%d", i), Name: "app", Node: node, Spare: spare, Replicas: c.Pods, MinAvailable: c.MinAvailable}
 			if err := w.Start(ctx, env.AdminConfig()); err != nil {
 				return out, err
 			}
@@ -141,6 +173,10 @@ func Writes(ctx context.Context, dir string, cases []WriteCase, say func(string,
 		ws := WriteStats{Label: c.Label, Driver: c.Driver, Steps: obs.Steps(name), Outcome: final, Writing: map[string]int{}, Reading: map[string]int{},
 			ServerNodeRequests: s1.Sub(s0).NodeRequests(), Seconds: time.Since(t0).Seconds()}
 		for k, v := range d {
+			if k == evictionKey {
+				ws.Evictions += v
+				continue
+			}
 			if IsWrite(k) {
 				ws.Writes += v
 				ws.Writing[k] = v
@@ -150,13 +186,85 @@ func Writes(ctx context.Context, dir string, cases []WriteCase, say func(string,
 			}
 		}
 		ws.Budget = 2*ws.Steps + 4
+		if c.Pods > 0 {
+			// The report prints the label: the evictions, apart, in it.
+			ws.Label = fmt.Sprintf("%s; evictions apart: %d POST pods/eviction for %d pods", c.Label, ws.Evictions, c.Pods)
+		}
 		out = append(out, ws)
-		say("%s: %d steps, %d writes (budget %d), %d reads: %s", c.Label, ws.Steps, ws.Writes, ws.Budget, ws.Reads, FormatCounts(ws.Writing))
+		say("%s: %d steps, %d writes (budget %d), %d evictions apart, %d reads: %s", ws.Label, ws.Steps, ws.Writes, ws.Budget, ws.Evictions, ws.Reads, FormatCounts(ws.Writing))
 		if !strings.HasPrefix(final, "Succeeded") {
 			return out, fmt.Errorf("bench: %s ended %q", name, final)
 		}
 	}
 	return out, nil
+}
+
+// evictionKey is how the counter names an eviction (counted apart).
+const evictionKey = "POST pods/eviction"
+
+// mockGPUReset is the gpu-reset driver on go-nvml's mock of a DGX H100
+// (internal/devices/devicestest), reset through NVML; with the host
+// simulated the reset is journaled and logged, not performed (as in the
+// chaos schedules). No GPU Operator and no readiness checks.
+func mockGPUReset(log *slog.Logger) (drivers.Driver, func(), error) {
+	f := devicestest.New(devicestest.DGXH100)
+	f.StableUUIDs()
+	mgr, err := devices.New(devices.Config{NVML: f.NVML(), Logger: log})
+	if err == nil {
+		err = mgr.Init()
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("bench: the mock GPUs: %w", err)
+	}
+	return drivers.GPUReset{Devices: mgr, Method: devices.ResetMethodNVML, Log: log}, func() { _ = mgr.Shutdown() }, nil
+}
+
+// startWritesAgent is StartAgent with extra drivers (the mock gpu-reset):
+// the same configuration, host simulated, eventRetention 0.
+func startWritesAgent(ctx context.Context, o AgentOptions, extra ...drivers.Driver) (*Agent, error) {
+	if err := os.MkdirAll(o.Dir, 0o700); err != nil {
+		return nil, err
+	}
+	cfg, err := config.Load(config.Options{DefaultPath: filepath.Join(o.Dir, "absent.yaml"), Hostname: func() (string, error) { return o.Node, nil }})
+	if err != nil {
+		return nil, err
+	}
+	cfg.NodeName = o.Node
+	cfg.JournalPath = filepath.Join(o.Dir, "journal.db")
+	cfg.SocketPath = filepath.Join(o.Dir, "agent.sock")
+	cfg.Host.Mode = config.HostModeSimulate
+	cfg.EventRetention = 0
+	if o.Configure != nil {
+		o.Configure(cfg)
+	}
+	rc := rest.CopyConfig(o.Rest)
+	rc.WrapTransport = o.Counter.Wrap
+	host, err := hostops.NewSimulated(hostops.SimulatedConfig{StateDir: o.Dir, Logger: o.Log})
+	if err != nil {
+		return nil, err
+	}
+	actx, cancel := context.WithCancel(ctx)
+	a := &Agent{Node: o.Node, Dir: o.Dir, Journal: cfg.JournalPath, cancel: cancel, done: make(chan error, 1),
+		ready: make(chan struct{}), idle: make(chan struct{})}
+	go func() {
+		a.done <- agent.Run(actx, agent.Options{Config: cfg, Log: o.Log, RestConfig: rc, Host: host,
+			CheckCommand: CheckCommand(), NoServers: true, NoLogind: true, NoGPU: true, Ready: a.ready, ExtraDrivers: extra,
+			Notify: func(kind, msg string) {
+				if kind == "STATUS" && msg == "idle" {
+					a.idleOne.Do(func() { close(a.idle) })
+				}
+			}})
+	}()
+	select {
+	case <-a.ready:
+		return a, nil
+	case err := <-a.done:
+		cancel()
+		return nil, fmt.Errorf("bench: agent %s did not start: %w", o.Node, err)
+	case <-ctx.Done():
+		cancel()
+		return nil, ctx.Err()
+	}
 }
 
 // quiet waits until the counter did not move (watches aside) for d.
