@@ -47,6 +47,62 @@
 // an operator would see: the drain event Succeeded and evicted the pods,
 // and the node is schedulable again.
 //
+// Sample outputs: docs are outputs, not hopes. An output block — a fenced
+// block with the info string text, console, json or none — carries a
+// marker on the line before its fence (outputs_test.go has the grammar):
+// <!-- output: test/docs --> (the output of the ```sh block right before
+// it, or of the "$ " lines in it), <!-- output: test/docs: COMMAND -->
+// (of a command the reader does not see, such as `lifecycle-agent doctor
+// 2>/dev/null | grep '^✗ logind'`), or <!-- output: from SOURCE --> for a
+// sample this test cannot produce, saying where it comes from.
+// TestOutputMarkers (always) refuses an output block without a marker.
+// TestQuickStart, after the quick start and its checks, compares every
+// checked block with what its command prints: the quick start's with the
+// outputs of its own commands, the other files' by running their commands
+// then, in the same environment, in file order (a command that is also one
+// of the quick start's is not run again). Both sides are normalised for
+// what changes from run to run: RFC 3339 times, clock times, durations,
+// the request's date stamp and generateName suffixes in event names,
+// agent identities, UUIDs and runs of spaces; a "…" in the doc stands for
+// any text; "(progress varies)" at the end of a marker compares only the
+// first and the last line, for outputs whose progress lines depend on
+// timing. The output is shown with the test's paths and addresses as a
+// node's defaults (/etc/lifecycle-agent/config.yaml, the API server as
+// https://10.0.0.10:6443, ...) and, in docs/plugin.md, the node as node-a.
+// For the samples of failing doctor checks the commands see
+// DOCS_LOGIND_SHORT (a second private logind, InhibitDelayMaxSec 2s) and
+// DOCS_CONFIG_CORRUPT_JOURNAL (the node's configuration with a corrupt
+// journal file). A mismatch fails with a diff and the block to paste;
+// UPDATE_DOCS=1 go test -tags kustomize_disable_go_plugin_support
+// -run 'TestQuickStart$' ./test/docs/ rewrites every checked block from one
+// run instead (a block with a "…" only when it differs).
+//
+// The output blocks (docs/benchmarks.md aside: bench checks its tables):
+//
+//	docs/quickstart.md  doctor, status, transitions, request drain --wait
+//	                    (progress varies), kubectl lifecycle status,
+//	                    request os-upgrade (refused), uncordon (progress
+//	                    varies), history, status again      test/docs
+//	docs/install.md     doctor                              test/docs
+//	docs/pipelines.md   request os-upgrade (refused); request drain -o json
+//	                    --wait and request drain --wait (progress varies)
+//	                                                        test/docs
+//	                    a queued request                    from cmd_request.go
+//	docs/plugin.md      transitions; run upgrade (refused); drain -o json
+//	                                                        test/docs
+//	                    drain --wait, status EVENT, history from test/plugin
+//	                    TestDrainRebootUncordon; three rollouts from test/plugin
+//	                    TestRolloutMaxConcurrent, TestRolloutMaxFailures,
+//	                    TestRolloutResumesAfterKill
+//	docs/troubleshooting.md  doctor's ✗ journal (corrupt), ✗ logind (2s),
+//	                    ✓ nvml                              test/docs
+//	                    a PodDisruptionBudget refusal, an SLA expiry message
+//	                                                        from (named there)
+//	docs/shutdown.md    doctor's ✗ logind (2s)              test/docs
+//	docs/gpu.md         gpu xids with a GPU                 from (needs NVML)
+//	docs/conditions.md  a condition sequence                unmarked, allowed
+//	                    in unmarkedAllowed (test/e2e TestNodeConditionSequences)
+//
 // TestRelativeLinks: every relative link in docs/*.md and README.md points
 // to a file that exists, and a #fragment into a Markdown file names one of
 // its headings (GitHub's anchors). TestGrafanaDashboard: the dashboard is
@@ -55,5 +111,6 @@
 // code registers.
 //
 // TestQuickStart needs the control plane and builds binaries: it is skipped
-// with -short. The others always run.
+// with -short, and so are the sample outputs' comparisons. The others
+// (TestOutputMarkers included) always run.
 package docs

@@ -228,6 +228,14 @@ drain:
 		t.Fatal(err)
 	}
 	logind := logindtest.Start(t, logindtest.Options{})
+	// For the docs' samples of failing checks (checkOutputs): a logind
+	// whose delay is below the budget, and a configuration whose journal is
+	// corrupt.
+	shortLogind := logindtest.Start(t, logindtest.Options{InhibitDelayMax: 2 * time.Second})
+	corruptCfg, err := writeCorruptJournalConfig(dir, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
 	environ := cleanEnviron(
 		"PATH="+bin+string(os.PathListSeparator)+os.Getenv("PATH"),
 		"HOME="+dir,
@@ -235,6 +243,8 @@ drain:
 		"NODE="+qsNode,
 		"LIFECYCLE_AGENT_CONFIG="+cfgPath,
 		"DBUS_SYSTEM_BUS_ADDRESS="+logind.Address(),
+		"DOCS_LOGIND_SHORT="+shortLogind.Address(),
+		"DOCS_CONFIG_CORRUPT_JOURNAL="+corruptCfg,
 	)
 	agentLog := filepath.Join(dir, "agent.log")
 	stopAgent := startAgent(t, filepath.Join(bin, "lifecycle-agent"), environ, agentLog)
@@ -255,8 +265,10 @@ drain:
 	if err := os.Mkdir(work, 0o700); err != nil {
 		t.Fatal(err)
 	}
+	outputs := map[int]string{}
 	for i, c := range cmds {
 		code, out := runCommand(ctx, c.text, work, environ)
+		outputs[c.line] = out
 		t.Logf("[%d/%d] %s:%d\n$ %s\n%s(exit %d)", i+1, len(cmds), quickstartFile, c.line, c.text, out, code)
 		if code != c.wantExit {
 			t.Fatalf("%s:%d: %q exited %d, want %d\noutput:\n%s\nagent log (tail):\n%s", quickstartFile, c.line, c.text, code, c.wantExit, out, tail(agentLog))
@@ -293,6 +305,53 @@ drain:
 	if n.Spec.Unschedulable {
 		t.Errorf("node %s is still cordoned (cordoned-by %q)", qsNode, n.Annotations[v1alpha1.AnnotationCordonedBy])
 	}
+
+	// The docs' sample outputs.
+	present := strings.NewReplacer(
+		cfgPath, "/etc/lifecycle-agent/config.yaml",
+		corruptCfg, "/etc/lifecycle-agent/config.yaml",
+		filepath.Join(dir, "state", "journal.db"), "/var/lib/lifecycle-agent/journal.db",
+		filepath.Join(dir, "corrupt", "journal.db"), "/var/lib/lifecycle-agent/journal.db",
+		filepath.Join(dir, "run", "agent.sock"), "/run/lifecycle-agent/agent.sock",
+		nodeKC, "/etc/kubernetes/kubelet.conf",
+		adminKC, "/etc/kubernetes/admin.conf",
+		admin.Host, "https://10.0.0.10:6443",
+	).Replace
+	checkOutputs(t, root, outputRun{
+		quickstart: cmds,
+		outputs:    outputs,
+		run: func(text string) string {
+			code, out := runCommand(ctx, text, work, environ)
+			t.Logf("docs sample: $ %s\n%s(exit %d)", text, out, code)
+			return out
+		},
+		node:    qsNode,
+		present: present,
+	})
+}
+
+// writeCorruptJournalConfig writes a copy of the node's configuration
+// whose journal is a corrupt file, for the docs' sample of doctor's
+// journal check failing, and returns its path.
+func writeCorruptJournalConfig(dir, cfg string) (string, error) {
+	d := filepath.Join(dir, "corrupt")
+	if err := os.Mkdir(d, 0o700); err != nil {
+		return "", err
+	}
+	journal := filepath.Join(d, "journal.db")
+	// A bbolt file whose meta pages are garbage.
+	if err := os.WriteFile(journal, bytes.Repeat([]byte{0xde, 0xad, 0xbe, 0xef}, 4096), 0o600); err != nil {
+		return "", err
+	}
+	var out []string
+	for _, l := range strings.Split(cfg, "\n") {
+		if strings.HasPrefix(l, "journalPath:") {
+			l = "journalPath: " + journal
+		}
+		out = append(out, l)
+	}
+	p := filepath.Join(d, "config.yaml")
+	return p, os.WriteFile(p, []byte(strings.Join(out, "\n")), 0o600)
 }
 
 // buildBinaries builds the agent and the kubectl plugin into bin.
