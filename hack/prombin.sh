@@ -2,7 +2,8 @@
 # prombin.sh — build (once, cached outside the clone) a real Prometheus from
 # the Go module proxy, at the version pinned by test/prombin/go.mod.
 #
-# Prints the path of the binary on stdout; logs on stderr.
+# Prints the path of the binary on stdout; logs on stderr (a heartbeat
+# every 30 s while it builds: hack/heartbeat.sh).
 #
 # Environment:
 #   PROMBIN_CACHE_DIR  cache root (default ${XDG_CACHE_HOME:-$HOME/.cache}/lifecycle-agent/prombin)
@@ -15,6 +16,8 @@ log() { echo "[prombin] $*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# shellcheck source=hack/heartbeat.sh
+. "$ROOT/hack/heartbeat.sh"
 MOD="$ROOT/test/prombin"
 CACHE="${PROMBIN_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/lifecycle-agent/prombin}"
 for t in go flock sha256sum; do command -v "$t" >/dev/null || die "$t not found"; done
@@ -30,12 +33,12 @@ flock 9
 if [[ -x "$BIN" ]]; then
   log "cached: $BIN"
 else
-  log "building prometheus $VERSION into $BIN (cold: about 12 CPU-minutes)"
+  log "building prometheus $VERSION (the real server of make test-prometheus) into $BIN, once per version (cold: about 12 CPU-minutes)"
   mkdir -p "$(dirname "$BIN")"
-  t0=$SECONDS
   cd "$MOD"
-  GOFLAGS="-mod=readonly" go build -trimpath -ldflags "-s -w" -o "$BIN.tmp" github.com/prometheus/prometheus/cmd/prometheus \
-    && mv "$BIN.tmp" "$BIN" || die "prometheus build failed"
-  log "built in $((SECONDS - t0))s"
+  export GOFLAGS="-mod=readonly"
+  timed prombin "building prometheus" go build -trimpath -ldflags "-s -w" -o "$BIN.tmp" github.com/prometheus/prometheus/cmd/prometheus ||
+    die "prometheus build failed"
+  mv "$BIN.tmp" "$BIN"
 fi
 echo "$BIN"

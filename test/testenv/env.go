@@ -73,21 +73,35 @@ func RepoRoot() string {
 	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
 }
 
-// Binaries builds (or reuses from the cache) the control-plane binaries and
-// returns their directory.
+// Binaries builds (or reuses from the cache) the control-plane binaries,
+// kube-apiserver, etcd and kube-controller-manager, and returns their
+// directory.
 func Binaries(ctx context.Context, log io.Writer) (string, error) {
+	return binaries(ctx, log, true)
+}
+
+// binaries is Binaries with kube-controller-manager only when asked for:
+// hack/kubebin.sh builds it (minutes on a cold machine) only with
+// --with-controller-manager, into the same cached directory.
+func binaries(ctx context.Context, log io.Writer, controllerManager bool) (string, error) {
 	if d := os.Getenv("LIFECYCLE_AGENT_KUBEBIN"); d != "" {
 		return d, nil
 	}
+	var args []string
+	what := "kube-apiserver and etcd"
+	if controllerManager {
+		args = append(args, "--with-controller-manager")
+		what = "kube-apiserver, etcd and kube-controller-manager"
+	}
 	var out bytes.Buffer
-	cmd := exec.CommandContext(ctx, filepath.Join(RepoRoot(), "hack", "kubebin.sh"))
+	cmd := exec.CommandContext(ctx, filepath.Join(RepoRoot(), "hack", "kubebin.sh"), args...)
 	cmd.Stdout = &out
 	cmd.Stderr = log
 	if cmd.Stderr == nil {
 		cmd.Stderr = io.Discard
 	}
 	if err := cmd.Run(); err != nil {
-		return "", fmt.Errorf("testenv: hack/kubebin.sh failed (it builds kube-apiserver, etcd and kube-controller-manager; needs Go and the module proxy): %w", err)
+		return "", fmt.Errorf("testenv: hack/kubebin.sh failed (it builds %s; needs Go and the module proxy): %w", what, err)
 	}
 	return strings.TrimSpace(out.String()), nil
 }
@@ -116,7 +130,7 @@ func Start(ctx context.Context, opts Options) (_ *Env, err error) {
 	if log == nil {
 		log = io.Discard
 	}
-	bin, err := Binaries(ctx, log)
+	bin, err := binaries(ctx, log, opts.ControllerManager)
 	if err != nil {
 		return nil, err
 	}
