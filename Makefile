@@ -42,8 +42,8 @@ generate: ## deepcopy and CRDs (controller-gen, pinned in hack/tools)
 	cd hack/tools && $(GO) tool controller-gen object:headerFile=/dev/null crd paths=../../api/... output:crd:dir=../../deploy/crds
 	$(GO) run -tags $(TAGS) ./internal/config/gen-docs
 
-kubebin: ## build (cached) the test control plane: kube-apiserver, etcd, kube-controller-manager
-	hack/kubebin.sh
+kubebin: ## build (cached) the tests' control plane: kube-apiserver, etcd, kube-controller-manager (make demo and make sandbox build only the first two)
+	hack/kubebin.sh --with-controller-manager
 
 .PHONY: nodebin
 nodebin: ## build (cached) a real node's parts for the VM image: kubelet, containerd, runc, CNI plugins, test images (needs gcc pkg-config libseccomp-dev)
@@ -112,10 +112,16 @@ test-vm: kubebin deb ## VM tests: harness, (a) reboot, (b) graceful shutdown, (c
 
 test-vm-full: test-vm ## the same as test-vm (every scenario); kept for old habits
 
-demo: build kubebin ## the main job on an embedded local control plane, host actions simulated: drain, uncordon, a reboot resumed across the (simulated) reboot
+# make demo and make sandbox: hack/demo/prepare.sh fetches the Go modules,
+# runs make build and hack/kubebin.sh, each step announced and with a
+# heartbeat; kube-apiserver and etcd only (hack/demo stands in for the two
+# controllers of kube-controller-manager they use).
+demo: ## the main job on an embedded local control plane, host actions simulated: drain, uncordon, a reboot resumed across the (simulated) reboot
+	@GO="$(GO)" hack/demo/prepare.sh
 	$(GO) run -tags $(TAGS) ./hack/demo
 
-sandbox: build kubebin ## keep playing: the control plane and three nodes with their agents (simulate mode) until Ctrl-C
+sandbox: ## keep playing: the control plane and three nodes with their agents (simulate mode) until Ctrl-C (which ends it with status 0)
+	@GO="$(GO)" hack/demo/prepare.sh
 	$(GO) run -tags $(TAGS) ./hack/demo -sandbox
 
 deb: ## $(DIST)/lifecycle-agent_<version>_amd64.deb and $(DIST)/kubectl-lifecycle_<version>_amd64.deb; DEB_VERSION=x.y.z, DIST=dir

@@ -1,8 +1,10 @@
 // Command demo is `make demo`: the agent's main job on an embedded local
 // control plane, with host actions simulated.
 //
-// It starts a real etcd, kube-apiserver and kube-controller-manager (the
-// same ones the tests use), installs the manifests, registers Node
+// It starts a real etcd and kube-apiserver (the same ones the tests use;
+// no kube-controller-manager, whose build is minutes of its own on a cold
+// machine: runControllerStandIn does the two things of it the demo needs),
+// installs the manifests, registers Node
 // demo-node with a few pods behind a PodDisruptionBudget and a DaemonSet
 // pod, runs bin/lifecycle-agent as that node (host.mode=simulate, the
 // kubelet's identity system:node:demo-node), creates a drain event and then
@@ -50,14 +52,22 @@ const node = "demo-node"
 func main() {
 	sandbox := flag.Bool("sandbox", false, "start the control plane and three nodes with their agents, print how to use them, run until Ctrl-C")
 	flag.Parse()
+	restore := func() {}
+	if *sandbox {
+		restore = ownForeground() // Ctrl-C: the sandbox's alone (make sandbox ends with status 0)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	var err error
 	if *sandbox {
-		err = runSandbox(ctx)
+		// Ctrl-C is how the sandbox ends, even while it starts.
+		if err = runSandbox(ctx); ctx.Err() != nil {
+			err = nil
+		}
 	} else {
 		err = run(ctx)
 	}
 	stop()
+	restore()
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "demo: %v\n", err)
 		os.Exit(1)
@@ -75,12 +85,15 @@ func run(ctx context.Context) error {
 	if _, err := os.Stat(bin); err != nil {
 		return fmt.Errorf("%s not found: run make build", bin)
 	}
-	say("starting etcd, kube-apiserver and kube-controller-manager (first run builds them: minutes)")
-	env, err := testenv.Start(ctx, testenv.Options{ControllerManager: true, Log: os.Stderr})
+	say("starting etcd and kube-apiserver (built by make demo before, cached)")
+	env, err := testenv.Start(ctx, testenv.Options{Log: os.Stderr})
 	if err != nil {
 		return err
 	}
 	defer env.Stop()
+	if err := runControllerStandIn(ctx, env.AdminConfig()); err != nil {
+		return err
+	}
 	if err := env.InstallManifests(ctx); err != nil {
 		return err
 	}
@@ -448,12 +461,15 @@ func runSandbox(ctx context.Context) error {
 			return fmt.Errorf("%s not found: run make build", b)
 		}
 	}
-	say("starting etcd, kube-apiserver and kube-controller-manager (first run builds them: minutes)")
-	env, err := testenv.Start(ctx, testenv.Options{ControllerManager: true, Log: io.Discard})
+	say("starting etcd and kube-apiserver (built by make sandbox before, cached)")
+	env, err := testenv.Start(ctx, testenv.Options{Log: io.Discard})
 	if err != nil {
 		return err
 	}
 	defer env.Stop()
+	if err := runControllerStandIn(ctx, env.AdminConfig()); err != nil {
+		return err
+	}
 	if err := env.InstallManifests(ctx); err != nil {
 		return err
 	}
