@@ -822,8 +822,9 @@ const statusLinger = time.Second
 // entry is delivered statusLinger after it was queued, unless a newer
 // status of the event supersedes it first — the next step's Running, a
 // slot wait, the end state — so a step that ends within statusLinger
-// costs no status write of its own, and progress messages cost at most
-// one write a second. Nothing is reordered: the outbox stays in order,
+// costs no status write of its own. A lazy entry that supersedes another
+// keeps the older one's time: a stream of progress messages still goes
+// out, at most one write a second. Nothing is reordered: the outbox stays in order,
 // entries queued behind it wait (at most statusLinger), and the Node's
 // conditions still go out before the status queued after them.
 //
@@ -835,10 +836,18 @@ const statusLinger = time.Second
 // restart nothing is lazy.
 func (e *Engine) pushStatusLazy(a *active) error {
 	e.lazyMu.Lock()
+	until := e.cfg.Clock.Now().Add(statusLinger)
 	pending, err := e.cfg.Journal.OutboxPending()
 	if err == nil {
 		for _, p := range pending {
-			if _, lazy := e.lazy[p.Seq]; p.UID == a.uid && p.Kind == journal.OutboxEventStatus && !lazy {
+			if p.UID != a.uid || p.Kind != journal.OutboxEventStatus {
+				continue
+			}
+			if t, lazy := e.lazy[p.Seq]; lazy {
+				// It supersedes a lazy one: that one's time, so that a
+				// stream of progress still goes out once a second.
+				until = minTime(until, t)
+			} else {
 				if e.deferred == nil {
 					e.deferred = map[string]*active{}
 				}
@@ -855,11 +864,18 @@ func (e *Engine) pushStatusLazy(a *active) error {
 		if e.lazy == nil {
 			e.lazy = map[uint64]time.Time{}
 		}
-		e.lazy[seq] = e.cfg.Clock.Now().Add(statusLinger)
+		e.lazy[seq] = until
 	}
 	e.lazyMu.Unlock()
 	poke(e.flushWake)
 	return err
+}
+
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
 }
 
 // dropDeferred forgets a deferred lazy status of uid: a status queued now
