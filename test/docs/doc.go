@@ -69,6 +69,10 @@
 // timing. The output is shown with the test's paths and addresses as a
 // node's defaults (/etc/lifecycle-agent/config.yaml, the API server as
 // https://10.0.0.10:6443, ...) and, in docs/plugin.md, the node as node-a.
+// A hidden command may prepare what its sample needs (docs/plugin.md's
+// uncordon the node first, and sleep a second where kubectl lifecycle
+// history, which orders by whole-second completion times and then by
+// name, would otherwise list two events of the same second by name).
 // For the samples of failing doctor checks the commands see
 // DOCS_LOGIND_SHORT (a second private logind, InhibitDelayMaxSec 2s) and
 // DOCS_CONFIG_CORRUPT_JOURNAL (the node's configuration with a corrupt
@@ -88,10 +92,11 @@
 //	                    --wait and request drain --wait (progress varies)
 //	                                                        test/docs
 //	                    a queued request                    from cmd_request.go
-//	docs/plugin.md      transitions; run upgrade (refused); drain -o json
+//	docs/plugin.md      transitions; drain (progress varies); run upgrade
+//	                    (refused); status EVENT; history; drain -o json
 //	                                                        test/docs
-//	                    drain --wait, status EVENT, history from test/plugin
-//	                    TestDrainRebootUncordon; three rollouts from test/plugin
+//	                    three rollouts (five nodes, five agents)
+//	                                                        from test/plugin
 //	                    TestRolloutMaxConcurrent, TestRolloutMaxFailures,
 //	                    TestRolloutResumesAfterKill
 //	docs/troubleshooting.md  doctor's ✗ journal (corrupt), ✗ logind (2s),
