@@ -67,10 +67,28 @@ type proc struct {
 	err  error
 }
 
-// RepoRoot returns the root of the lifecycle-agent checkout.
+// RepoRoot returns the root of the lifecycle-agent checkout: from this
+// file's path as compiled in, or, in a binary built with -trimpath (where
+// that path is the module's import path: make demo builds hack/demo so,
+// to share make build's compiled packages), the nearest directory at or
+// above the working directory whose go.mod is this module's.
 func RepoRoot() string {
 	_, file, _, _ := runtime.Caller(0)
-	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
+	if filepath.IsAbs(file) {
+		return filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
+	}
+	wd, err := os.Getwd()
+	if err != nil {
+		return "."
+	}
+	for d := wd; ; d = filepath.Dir(d) {
+		if b, err := os.ReadFile(filepath.Join(d, "go.mod")); err == nil && bytes.HasPrefix(b, []byte("module github.com/lifecycle-agent/lifecycle-agent\n")) {
+			return d
+		}
+		if filepath.Dir(d) == d {
+			return wd
+		}
+	}
 }
 
 // Binaries builds (or reuses from the cache) the control-plane binaries,
