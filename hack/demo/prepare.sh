@@ -23,11 +23,11 @@ PKGS=(./cmd/... ./hack/demo)
 if ! GOPROXY=off GOFLAGS="${GOFLAGS:-} -mod=readonly" "$GO" list -tags "$TAGS" -deps "${PKGS[@]}" >/dev/null 2>&1; then
   dl="$(mktemp)"
   trap 'rm -f "$dl"' EXIT
-  log "fetching the Go modules of the agent and the demo into $("$GO" env GOMODCACHE) (once; cold: about a minute)"
+  log "fetching the Go modules of the agent and the demo into $("$GO" env GOMODCACHE) (once)"
   fetch() { "$GO" list -tags "$TAGS" -deps "${PKGS[@]}" >/dev/null 2>"$dl"; }
   timed demo "fetching the agent's Go modules" fetch || { cat "$dl" >&2; exit 1; }
   log "$(grep -c '^go: downloading' "$dl" || true) modules downloaded"
 fi
-log "building the agent and the kubectl plugin into bin/ (make build; cold: a few minutes, then seconds)"
+log "building the agent and the kubectl plugin into bin/ (make build; cold: minutes, the longest step after the control plane; then seconds)"
 timed demo "building bin/lifecycle-agent and bin/kubectl-lifecycle" make --no-print-directory build >/dev/null
 hack/kubebin.sh >/dev/null
