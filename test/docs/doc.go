@@ -76,7 +76,9 @@
 // For the samples of failing doctor checks the commands see
 // DOCS_LOGIND_SHORT (a second private logind, InhibitDelayMaxSec 2s) and
 // DOCS_CONFIG_CORRUPT_JOURNAL (the node's configuration with a corrupt
-// journal file). A mismatch fails with a diff and the block to paste;
+// journal file); for the sample of a queued request, DOCS_OFFLINE_AGENT (a
+// script that runs its arguments against a second agent for the node whose
+// API server is a closed port). A mismatch fails with a diff and the block to paste;
 // UPDATE_DOCS=1 go test -tags kustomize_disable_go_plugin_support
 // -run 'TestQuickStart$' ./test/docs/ rewrites every checked block from one
 // run instead (a block with a "…" only when it differs).
@@ -91,7 +93,8 @@
 //	docs/pipelines.md   request os-upgrade (refused); request drain -o json
 //	                    --wait and request drain --wait (progress varies)
 //	                                                        test/docs
-//	                    a queued request                    from cmd_request.go
+//	                    a queued request (DOCS_OFFLINE_AGENT)
+//	                                                        test/docs
 //	docs/plugin.md      transitions; drain (progress varies); run upgrade
 //	                    (refused); status EVENT; history; drain -o json
 //	                                                        test/docs

@@ -236,6 +236,10 @@ drain:
 	if err != nil {
 		t.Fatal(err)
 	}
+	offline, err := writeOfflineAgent(dir, filepath.Join(bin, "lifecycle-agent"))
+	if err != nil {
+		t.Fatal(err)
+	}
 	environ := cleanEnviron(
 		"PATH="+bin+string(os.PathListSeparator)+os.Getenv("PATH"),
 		"HOME="+dir,
@@ -245,6 +249,7 @@ drain:
 		"DBUS_SYSTEM_BUS_ADDRESS="+logind.Address(),
 		"DOCS_LOGIND_SHORT="+shortLogind.Address(),
 		"DOCS_CONFIG_CORRUPT_JOURNAL="+corruptCfg,
+		"DOCS_OFFLINE_AGENT="+offline,
 	)
 	agentLog := filepath.Join(dir, "agent.log")
 	stopAgent := startAgent(t, filepath.Join(bin, "lifecycle-agent"), environ, agentLog)
@@ -310,6 +315,10 @@ drain:
 	present := strings.NewReplacer(
 		cfgPath, "/etc/lifecycle-agent/config.yaml",
 		corruptCfg, "/etc/lifecycle-agent/config.yaml",
+		filepath.Join(dir, "offline", "config.yaml"), "/etc/lifecycle-agent/config.yaml",
+		filepath.Join(dir, "offline", "journal.db"), "/var/lib/lifecycle-agent/journal.db",
+		filepath.Join(dir, "offline", "agent.sock"), "/run/lifecycle-agent/agent.sock",
+		filepath.Join(dir, "offline", "kubeconfig"), "/etc/kubernetes/kubelet.conf",
 		filepath.Join(dir, "state", "journal.db"), "/var/lib/lifecycle-agent/journal.db",
 		filepath.Join(dir, "corrupt", "journal.db"), "/var/lib/lifecycle-agent/journal.db",
 		filepath.Join(dir, "run", "agent.sock"), "/run/lifecycle-agent/agent.sock",
@@ -352,6 +361,71 @@ func writeCorruptJournalConfig(dir, cfg string) (string, error) {
 	}
 	p := filepath.Join(d, "config.yaml")
 	return p, os.WriteFile(p, []byte(strings.Join(out, "\n")), 0o600)
+}
+
+// writeOfflineAgent writes a script that runs its arguments against a
+// second agent for the same node whose API server never answers (a closed
+// port), for the docs' sample of a queued request: it starts that agent
+// (its own configuration, journal and socket under dir/offline, the same
+// logind), waits for its socket, runs "$@" with LIFECYCLE_AGENT_CONFIG set
+// to that agent's, and stops the agent. It returns the script's path.
+func writeOfflineAgent(dir, agent string) (string, error) {
+	d := filepath.Join(dir, "offline")
+	if err := os.Mkdir(d, 0o700); err != nil {
+		return "", err
+	}
+	port, err := freePort() // nothing listens there once freePort returns
+	if err != nil {
+		return "", err
+	}
+	metrics, err := freePort()
+	if err != nil {
+		return "", err
+	}
+	kc := fmt.Sprintf(`apiVersion: v1
+kind: Config
+clusters:
+- name: offline
+  cluster:
+    server: https://127.0.0.1:%d
+    insecure-skip-tls-verify: true
+users:
+- name: offline
+  user:
+    token: offline
+contexts:
+- name: offline
+  context: {cluster: offline, user: offline}
+current-context: offline
+`, port)
+	if err := os.WriteFile(filepath.Join(d, "kubeconfig"), []byte(kc), 0o600); err != nil {
+		return "", err
+	}
+	cfg := fmt.Sprintf(`nodeName: %s
+kubeconfig: %s
+journalPath: %s
+socketPath: %s
+host:
+  mode: simulate
+`, qsNode, filepath.Join(d, "kubeconfig"), filepath.Join(d, "journal.db"), filepath.Join(d, "agent.sock"))
+	if err := os.WriteFile(filepath.Join(d, "config.yaml"), []byte(cfg), 0o600); err != nil {
+		return "", err
+	}
+	script := fmt.Sprintf(`#!/bin/bash
+# test/docs: run "$@" against an agent whose API server does not answer.
+export LIFECYCLE_AGENT_CONFIG=%[1]s/config.yaml
+# timeout: the agent never outlives a killed test by long.
+timeout 120 %[2]s run --metrics-address 127.0.0.1:%[3]d >>%[1]s/agent.log 2>&1 </dev/null &
+agent=$!
+trap 'kill -TERM $agent 2>/dev/null; wait $agent 2>/dev/null' EXIT
+for _ in $(seq 300); do
+  [ -S %[1]s/agent.sock ] && break
+  sleep 0.1
+done
+"$@"
+`, d, agent, metrics)
+	p := filepath.Join(d, "run.sh")
+	return p, os.WriteFile(p, []byte(script), 0o700)
 }
 
 // buildBinaries builds the agent and the kubectl plugin into bin.
