@@ -62,7 +62,7 @@
 // then, in the same environment, in file order (a command that is also one
 // of the quick start's is not run again). Both sides are normalised for
 // what changes from run to run: RFC 3339 times, clock times, durations,
-// the request's date stamp and generateName suffixes in event names,
+// the request's date stamp and generateName suffixes in event and pod names,
 // agent identities, UUIDs and runs of spaces; a "…" in the doc stands for
 // any text; "(progress varies)" at the end of a marker compares only the
 // first and the last line, for outputs whose progress lines depend on
@@ -78,7 +78,11 @@
 // DOCS_CONFIG_CORRUPT_JOURNAL (the node's configuration with a corrupt
 // journal file); for the sample of a queued request, DOCS_OFFLINE_AGENT (a
 // script that runs its arguments against a second agent for the node whose
-// API server is a closed port). A mismatch fails with a diff and the block to paste;
+// API server is a closed port); for a drain held by a PodDisruptionBudget
+// until its SLA passes, DOCS_BUDGET_SCENARIO blocked|expired (a script that
+// applies a ReplicaSet with one pod on the node, a budget minAvailable 1, a
+// drain transition with a 15s SLA and an event for it, follows the event to
+// its end, and prints its message while blocked or at the end). A mismatch fails with a diff and the block to paste;
 // UPDATE_DOCS=1 go test -tags kustomize_disable_go_plugin_support
 // -run 'TestQuickStart$' ./test/docs/ rewrites every checked block from one
 // run instead (a block with a "…" only when it differs).
@@ -105,7 +109,7 @@
 //	docs/troubleshooting.md  doctor's ✗ journal (corrupt), ✗ logind (2s),
 //	                    ✓ nvml                              test/docs
 //	                    a PodDisruptionBudget refusal, an SLA expiry message
-//	                                                        from (named there)
+//	                    (DOCS_BUDGET_SCENARIO)              test/docs
 //	docs/shutdown.md    doctor's ✗ logind (2s)              test/docs
 //	docs/gpu.md         gpu xids with a GPU                 from (needs NVML)
 //	docs/conditions.md  a condition sequence                unmarked, allowed

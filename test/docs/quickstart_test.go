@@ -240,6 +240,10 @@ drain:
 	if err != nil {
 		t.Fatal(err)
 	}
+	budgetScenario, err := writeBudgetScenario(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
 	environ := cleanEnviron(
 		"PATH="+bin+string(os.PathListSeparator)+os.Getenv("PATH"),
 		"HOME="+dir,
@@ -250,6 +254,7 @@ drain:
 		"DOCS_LOGIND_SHORT="+shortLogind.Address(),
 		"DOCS_CONFIG_CORRUPT_JOURNAL="+corruptCfg,
 		"DOCS_OFFLINE_AGENT="+offline,
+		"DOCS_BUDGET_SCENARIO="+budgetScenario,
 	)
 	agentLog := filepath.Join(dir, "agent.log")
 	stopAgent := startAgent(t, filepath.Join(bin, "lifecycle-agent"), environ, agentLog)
@@ -424,6 +429,72 @@ for _ in $(seq 300); do
 done
 "$@"
 `, d, agent, metrics)
+	p := filepath.Join(d, "run.sh")
+	return p, os.WriteFile(p, []byte(script), 0o700)
+}
+
+// writeBudgetScenario writes a script for the docs' samples of a drain
+// held by a PodDisruptionBudget until its SLA passes: on its first run it
+// applies a ReplicaSet db (one pod, bound to the node; the test control
+// plane runs the replicaset controller, not the statefulset one) with a budget
+// minAvailable 1, a transition worker-1-drain-short (the drain driver, SLA
+// 15s) and an event for it, then follows the event with kubectl lifecycle
+// status until it ends, keeping the first message that says the budget
+// blocked an eviction (file "blocked") and the end's message ("expired").
+// Each run prints the file its argument names. It returns the script's
+// path.
+func writeBudgetScenario(dir string) (string, error) {
+	d := filepath.Join(dir, "budget")
+	if err := os.Mkdir(d, 0o700); err != nil {
+		return "", err
+	}
+	script := fmt.Sprintf(`#!/bin/bash
+# test/docs: a drain held by a PodDisruptionBudget until its SLA passes.
+d=%[1]s
+node=%[2]s
+if [ ! -f "$d/expired" ]; then
+  kubectl apply -f - >/dev/null <<YAML || exit 1
+apiVersion: apps/v1
+kind: ReplicaSet
+metadata: {name: db, namespace: shop}
+spec:
+  replicas: 1
+  selector: {matchLabels: {app: db}}
+  template:
+    metadata: {labels: {app: db}}
+    spec:
+      nodeName: $node
+      containers: [{name: db, image: registry.k8s.io/pause:3.9}]
+---
+apiVersion: policy/v1
+kind: PodDisruptionBudget
+metadata: {name: db, namespace: shop}
+spec:
+  minAvailable: 1
+  selector: {matchLabels: {app: db}}
+---
+apiVersion: lifecycle.x-k8s.io/v1alpha1
+kind: LifecycleTransition
+metadata: {name: $node-drain-short}
+spec: {start: DrainStarted, end: DrainComplete, nodeName: $node, sla: 15s, driver: lifecycle-agent.x-k8s.io/drain}
+YAML
+  sleep 5 # the pod Running and Ready, the budget's status computed
+  kubectl apply -f - >/dev/null <<YAML || exit 1
+apiVersion: lifecycle.x-k8s.io/v1alpha1
+kind: LifecycleEvent
+metadata: {name: $node-drain-sla}
+spec: {transitionName: $node-drain-short, bindingNode: $node}
+YAML
+  for _ in $(seq 120); do
+    st=$(kubectl lifecycle status $node-drain-sla -o jsonpath='{.status.claimStatus}')
+    msg=$(kubectl lifecycle status $node-drain-sla -o jsonpath='{.status.message}')
+    case "$msg" in *"blocked: PodDisruptionBudget"*) [ -f "$d/blocked" ] || echo "$msg" >"$d/blocked" ;; esac
+    case "$st" in Succeeded|Failed|SlaExpired) echo "$msg" >"$d/expired"; break ;; esac
+    sleep 0.5
+  done
+fi
+cat "$d/$1"
+`, d, qsNode)
 	p := filepath.Join(d, "run.sh")
 	return p, os.WriteFile(p, []byte(script), 0o700)
 }
