@@ -110,7 +110,11 @@ func runRequest(ctx context.Context, e *env, o requestOptions) error {
 	case outName:
 		fmt.Fprintln(e.stdout, res.Event)
 	case outJSON:
-		b, _ := json.Marshal(progress{Event: res.Event, Queued: res.Queued})
+		p := progress{Event: res.Event, Queued: res.Queued}
+		if !res.Queued {
+			p.ClaimStatus = orPending("", false) // created, not claimed yet
+		}
+		b, _ := json.Marshal(p)
 		fmt.Fprintln(e.stdout, string(b))
 	default:
 		if res.Queued {

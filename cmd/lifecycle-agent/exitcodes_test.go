@@ -248,7 +248,7 @@ func TestRequestOutput(t *testing.T) {
 		t.Fatalf("-o json --wait: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
 	}
 	want := []string{
-		`{"event":"smoke-node-drain-1"}`,
+		`{"event":"smoke-node-drain-1","claimStatus":"Pending"}`,
 		`{"event":"smoke-node-drain-1","claimStatus":"Succeeded","step":"wait-empty","message":"done","source":"api"}`,
 		`{"event":"smoke-node-drain-1","claimStatus":"Succeeded","step":"wait-empty","message":"done","source":"api","result":"succeeded","exitCode":0}`,
 	}

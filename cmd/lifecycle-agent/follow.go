@@ -138,6 +138,10 @@ func (f *follower) emit(p progress) {
 	f.last = key
 	switch f.o.Output {
 	case outJSON:
+		if p.ClaimStatus == "" && !p.Queued {
+			// As the text says: not claimed yet (an empty status).
+			p.ClaimStatus = orPending("", false)
+		}
 		b, _ := json.Marshal(p)
 		fmt.Fprintln(f.e.stdout, string(b))
 	case outText:
