@@ -107,7 +107,12 @@ func cordonStep(ctx context.Context, rt Runtime) error {
 		return err
 	}
 	if !ours {
-		rt.Progress("node was already cordoned by someone else; leaving that cordon in place")
+		// Whose, for the message: a read only on this rare path.
+		if owner, _, err := rt.API().CordonOwner(ctx); err == nil && owner != "" {
+			rt.Progress(fmt.Sprintf("node was already cordoned by lifecycle-agent for %s; leaving that cordon in place: this event does not own it (an uncordon lifts it)", owner))
+		} else {
+			rt.Progress("node was already cordoned by someone else; leaving that cordon in place")
+		}
 		return rt.Disown(ch)
 	}
 	return nil

@@ -249,7 +249,9 @@ func (a *fakeAPI) Cordon(ctx context.Context, owner string) (bool, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.cordoned {
-		return a.cordonOwner != "", nil
+		// As apiclient.Cordon: ours only when the annotation names this
+		// owner; a cordon for another event of ours is not this one's.
+		return a.cordonOwner == owner, nil
 	}
 	a.cordoned, a.cordonOwner = true, owner
 	return true, nil
