@@ -36,10 +36,12 @@
 // likewise status writes, the finalizer and Node conditions reuse what the
 // previous write returned. An event then costs, in writes: claim, Lease
 // taken and released, finalizer added and removed, the LifecycleTransition
-// Node condition set and cleared, one status write per step plus the end
+// Node condition set and cleared, at most one status write per step (none
+// for a step without a Done check that ends within a second) plus the end
 // state, one Kubernetes Event with the outcome (and a Warning per failed
 // step), and the driver's own writes (cordon, evictions). docs/benchmarks.md
-// has the counts per driver.
+// section 7 has the counts per driver and, for each of these writes, the
+// test that fails without it.
 //
 // Replay: at start every unfinished journal event resumes. Steps whose done
 // record is committed are skipped; a step whose intent is committed but not

@@ -103,10 +103,8 @@ type Engine struct {
 	beat atomic.Int64 // UnixNano of the engine's last sign of progress (Healthy)
 
 	// lazy: outbox entries (by seq) of pushStatusLazy and when they go out.
-	// deferred: a lazy status held back behind an urgent one, by event UID.
-	lazyMu   sync.Mutex
-	lazy     map[uint64]time.Time
-	deferred map[string]*active
+	lazyMu sync.Mutex
+	lazy   map[uint64]time.Time
 
 	mu      sync.Mutex
 	current *active

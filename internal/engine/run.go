@@ -559,7 +559,6 @@ func (e *Engine) finish(ctx context.Context, a *active, outcome journal.Outcome,
 		// that report it would be replayed from Finishing with nothing
 		// to deliver (the Node left mid-transition, the status never
 		// written; the fault schedules found it).
-		e.dropDeferred(a.uid) // the end state carries it
 		if !e.durably(ctx, a, "its end state", func() error {
 			node, changed := a.nodeEntry(outcome)
 			var push []journal.OutboxEntry
@@ -803,7 +802,6 @@ type nodePayload struct {
 }
 
 func (e *Engine) pushStatus(a *active) error {
-	e.dropDeferred(a.uid)
 	_, err := e.cfg.Journal.OutboxPush(a.statusEntry())
 	if err != nil {
 		e.log.Error("outbox push", "event", a.name, "err", err)
@@ -824,51 +822,57 @@ const statusLinger = time.Second
 // slot wait, the end state — so a step that ends within statusLinger
 // costs no status write of its own. A lazy entry that supersedes another
 // keeps the older one's time: a stream of progress messages still goes
-// out, at most one write a second. Nothing is reordered: the outbox stays in order,
-// entries queued behind it wait (at most statusLinger), and the Node's
-// conditions still go out before the status queued after them.
+// out, at most one write a second. Nothing is reordered: the outbox stays
+// in order, entries queued behind it wait (at most statusLinger), and the
+// Node's conditions still go out after the status queued before them and
+// before the status queued after them.
 //
-// While a status that must go out at once (pushStatus: the Running of a
-// step with a Done check) is still queued, a lazy one is not queued at
-// all, which would supersede it and take its urgency: it is deferred,
-// and queued once that one was delivered (flushLoop) — or dropped, when a
-// later status, which carries everything it says, comes first. After a
-// restart nothing is lazy.
+// While a step with a Done check runs, an entry that supersedes a status
+// still queued that must go out at once (pushStatus: that step's Running)
+// is not lazy either: it carries that Running on. Once the step is done
+// the journal holds the proof and its later progress lingers again.
+// After a restart nothing is lazy.
 func (e *Engine) pushStatusLazy(a *active) error {
+	checked := a.runningCheckedStep()
 	e.lazyMu.Lock()
-	until := e.cfg.Clock.Now().Add(statusLinger)
-	pending, err := e.cfg.Journal.OutboxPending()
-	if err == nil {
+	defer e.lazyMu.Unlock()
+	until, urgent := e.cfg.Clock.Now().Add(statusLinger), false
+	if pending, err := e.cfg.Journal.OutboxPending(); err == nil {
 		for _, p := range pending {
 			if p.UID != a.uid || p.Kind != journal.OutboxEventStatus {
 				continue
 			}
 			if t, lazy := e.lazy[p.Seq]; lazy {
-				// It supersedes a lazy one: that one's time, so that a
-				// stream of progress still goes out once a second.
 				until = minTime(until, t)
 			} else {
-				if e.deferred == nil {
-					e.deferred = map[string]*active{}
-				}
-				e.deferred[a.uid] = a
-				e.lazyMu.Unlock()
-				return nil
+				urgent = checked
 			}
 		}
 	}
 	seq, err := e.cfg.Journal.OutboxPush(a.statusEntry())
 	if err != nil {
 		e.log.Error("outbox push", "event", a.name, "err", err)
-	} else {
+	} else if !urgent {
 		if e.lazy == nil {
 			e.lazy = map[uint64]time.Time{}
 		}
 		e.lazy[seq] = until
 	}
-	e.lazyMu.Unlock()
 	poke(e.flushWake)
 	return err
+}
+
+// runningCheckedStep reports whether the current step has a Done check
+// and is Running.
+func (a *active) runningCheckedStep() bool {
+	a.statusMu.Lock()
+	defer a.statusMu.Unlock()
+	for i, s := range a.steps {
+		if s.Name == a.status.CurrentStep && i < len(a.status.Steps) {
+			return s.Done != nil && a.status.Steps[i].State == v1alpha1.StepRunning
+		}
+	}
+	return false
 }
 
 func minTime(a, b time.Time) time.Time {
@@ -878,27 +882,11 @@ func minTime(a, b time.Time) time.Time {
 	return a
 }
 
-// dropDeferred forgets a deferred lazy status of uid: a status queued now
-// carries all it says.
-func (e *Engine) dropDeferred(uid string) {
+// acked forgets the lazy time of an outbox entry delivered (or dropped).
+func (e *Engine) acked(seq uint64) {
 	e.lazyMu.Lock()
-	delete(e.deferred, uid)
+	delete(e.lazy, seq)
 	e.lazyMu.Unlock()
-}
-
-// delivered is called after the outbox entry en was delivered: a status
-// deferred behind it (pushStatusLazy) is queued now.
-func (e *Engine) delivered(en journal.OutboxEntry) {
-	if en.Kind != journal.OutboxEventStatus {
-		return
-	}
-	e.lazyMu.Lock()
-	a := e.deferred[en.UID]
-	delete(e.deferred, en.UID)
-	e.lazyMu.Unlock()
-	if a != nil {
-		_ = e.pushStatusLazy(a)
-	}
 }
 
 // lingering is how long the outbox's head entry still waits (lazy), and
@@ -910,12 +898,13 @@ func (e *Engine) lingering(pending []journal.OutboxEntry) time.Duration {
 		return 0
 	}
 	if len(e.lazy) > len(pending) {
-		in := map[uint64]bool{}
+		// Superseded ones; not those queued since pending was read.
+		in, last := map[uint64]bool{}, uint64(0)
 		for _, p := range pending {
-			in[p.Seq] = true
+			in[p.Seq], last = true, max(last, p.Seq)
 		}
 		for seq := range e.lazy {
-			if !in[seq] {
+			if seq <= last && !in[seq] {
 				delete(e.lazy, seq)
 			}
 		}
@@ -924,11 +913,10 @@ func (e *Engine) lingering(pending []journal.OutboxEntry) time.Duration {
 	if !ok {
 		return 0
 	}
-	if d := until.Sub(e.cfg.Clock.Now()); d > 0 {
-		return d
-	}
-	delete(e.lazy, pending[0].Seq)
-	return 0
+	// Past its time it stays lazy until acked: a status queued while it
+	// is being delivered supersedes it with its (past) time, and goes out
+	// right after it.
+	return max(until.Sub(e.cfg.Clock.Now()), 0)
 }
 
 // statusEntry is the outbox entry of the event's status as it is now.
@@ -962,6 +950,7 @@ func (e *Engine) flushLoop(ctx context.Context) {
 					// conflicts, outages) is retried.
 					e.log.Warn("outbox: the API server refused a write; dropping it", "seq", pending[0].Seq, "kind", pending[0].Kind.String(), "err", err)
 					_ = e.cfg.Journal.OutboxAck(pending[0].Seq)
+					e.acked(pending[0].Seq)
 					poke(e.flushed)
 					continue
 				}
@@ -974,7 +963,7 @@ func (e *Engine) flushLoop(ctx context.Context) {
 			}
 			fails = 0
 			_ = e.cfg.Journal.OutboxAck(pending[0].Seq)
-			e.delivered(pending[0])
+			e.acked(pending[0].Seq)
 			poke(e.flushed)
 			continue
 		}
