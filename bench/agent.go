@@ -16,6 +16,7 @@ import (
 
 	"github.com/lifecycle-agent/lifecycle-agent/internal/agent"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/config"
+	"github.com/lifecycle-agent/lifecycle-agent/internal/drivers"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/hostops"
 )
 
@@ -52,6 +53,9 @@ type AgentOptions struct {
 	Configure func(*config.Config)
 	// Counter, if set, counts every request the agent makes.
 	Counter *Counter
+	// ExtraDrivers are offered beside the configured ones (the writes
+	// scenario's gpu-reset on go-nvml's mock).
+	ExtraDrivers []drivers.Driver
 }
 
 // Agent is a real agent — internal/agent.Run, the code `lifecycle-agent
@@ -102,7 +106,7 @@ func StartAgent(ctx context.Context, o AgentOptions) (*Agent, error) {
 	go func() {
 		a.done <- agent.Run(actx, agent.Options{Config: cfg, Log: o.Log, RestConfig: o.Rest, Host: host,
 			CheckCommand: CheckCommand(), NoServers: true, NoLogind: o.LogindAddress == "", LogindAddress: o.LogindAddress,
-			NoGPU: true, Ready: a.ready, UnfilteredWatch: o.Unfiltered,
+			NoGPU: true, Ready: a.ready, UnfilteredWatch: o.Unfiltered, ExtraDrivers: o.ExtraDrivers,
 			Notify: func(kind, msg string) {
 				if kind == "STATUS" && msg == "idle" {
 					a.idleOne.Do(func() { close(a.idle) })

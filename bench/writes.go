@@ -4,20 +4,15 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"os"
 	"path/filepath"
 	"sort"
 	"strings"
 	"time"
 
-	"k8s.io/client-go/rest"
-
-	"github.com/lifecycle-agent/lifecycle-agent/internal/agent"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/config"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/devices"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/devices/devicestest"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/drivers"
-	"github.com/lifecycle-agent/lifecycle-agent/internal/hostops"
 	"github.com/lifecycle-agent/lifecycle-agent/test/testenv"
 )
 
@@ -114,14 +109,15 @@ func Writes(ctx context.Context, dir string, cases []WriteCase, say func(string,
 		return nil, err
 	}
 	defer stopGPU()
-	a, err := startWritesAgent(ctx, AgentOptions{Node: node, Dir: filepath.Join(dir, node), Rest: env.AgentRestConfig(node), Log: log, Counter: counter,
+	a, err := StartAgent(ctx, AgentOptions{Node: node, Dir: filepath.Join(dir, node), Rest: env.AgentRestConfig(node), Log: log, Counter: counter,
+		ExtraDrivers: []drivers.Driver{gpu},
 		Configure: func(c *config.Config) {
 			c.OSUpgrade.Profiles = map[string]config.OSUpgradeProfile{"bench": {Command: []string{"/bin/true"}, Timeout: time.Minute, RebootPolicy: config.RebootAlways}}
 			c.Exec.Drivers = []config.ExecDriver{{Name: "bench-exec", Start: "BenchStarted", End: "BenchDone", SLA: 10 * time.Minute, Steps: []config.ExecStep{
 				{Name: "one", Command: []string{"/bin/true"}, Timeout: time.Minute},
 				{Name: "two", Command: []string{"/bin/true"}, Timeout: time.Minute},
 			}}}
-		}}, gpu)
+		}})
 	if err != nil {
 		return nil, err
 	}
@@ -217,54 +213,6 @@ func mockGPUReset(log *slog.Logger) (drivers.Driver, func(), error) {
 		return nil, nil, fmt.Errorf("bench: the mock GPUs: %w", err)
 	}
 	return drivers.GPUReset{Devices: mgr, Method: devices.ResetMethodNVML, Log: log}, func() { _ = mgr.Shutdown() }, nil
-}
-
-// startWritesAgent is StartAgent with extra drivers (the mock gpu-reset):
-// the same configuration, host simulated, eventRetention 0.
-func startWritesAgent(ctx context.Context, o AgentOptions, extra ...drivers.Driver) (*Agent, error) {
-	if err := os.MkdirAll(o.Dir, 0o700); err != nil {
-		return nil, err
-	}
-	cfg, err := config.Load(config.Options{DefaultPath: filepath.Join(o.Dir, "absent.yaml"), Hostname: func() (string, error) { return o.Node, nil }})
-	if err != nil {
-		return nil, err
-	}
-	cfg.NodeName = o.Node
-	cfg.JournalPath = filepath.Join(o.Dir, "journal.db")
-	cfg.SocketPath = filepath.Join(o.Dir, "agent.sock")
-	cfg.Host.Mode = config.HostModeSimulate
-	cfg.EventRetention = 0
-	if o.Configure != nil {
-		o.Configure(cfg)
-	}
-	rc := rest.CopyConfig(o.Rest)
-	rc.WrapTransport = o.Counter.Wrap
-	host, err := hostops.NewSimulated(hostops.SimulatedConfig{StateDir: o.Dir, Logger: o.Log})
-	if err != nil {
-		return nil, err
-	}
-	actx, cancel := context.WithCancel(ctx)
-	a := &Agent{Node: o.Node, Dir: o.Dir, Journal: cfg.JournalPath, cancel: cancel, done: make(chan error, 1),
-		ready: make(chan struct{}), idle: make(chan struct{})}
-	go func() {
-		a.done <- agent.Run(actx, agent.Options{Config: cfg, Log: o.Log, RestConfig: rc, Host: host,
-			CheckCommand: CheckCommand(), NoServers: true, NoLogind: true, NoGPU: true, Ready: a.ready, ExtraDrivers: extra,
-			Notify: func(kind, msg string) {
-				if kind == "STATUS" && msg == "idle" {
-					a.idleOne.Do(func() { close(a.idle) })
-				}
-			}})
-	}()
-	select {
-	case <-a.ready:
-		return a, nil
-	case err := <-a.done:
-		cancel()
-		return nil, fmt.Errorf("bench: agent %s did not start: %w", o.Node, err)
-	case <-ctx.Done():
-		cancel()
-		return nil, ctx.Err()
-	}
 }
 
 // quiet waits until the counter did not move (watches aside) for d.
