@@ -5,12 +5,10 @@ import (
 	"context"
 	"encoding/json"
 	"os"
-	"slices"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/spf13/cobra"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/lifecycle-agent/lifecycle-agent/internal/exitcode"
@@ -25,15 +23,7 @@ func run(args ...string) (code int, stdout, stderr string) {
 // Every command's --help, cobra's help and completion included, ends with
 // the one exit code table (lifecycle-agent's), and docs/plugin.md has it.
 func TestExitCodesDocumented(t *testing.T) {
-	var paths [][]string
-	var walk func(c *cobra.Command, path []string)
-	walk = func(c *cobra.Command, path []string) {
-		paths = append(paths, path)
-		for _, s := range c.Commands() {
-			walk(s, append(slices.Clone(path), s.Name()))
-		}
-	}
-	walk(newRootCmd(&options{}), nil)
+	paths := exitcode.CommandPaths(newRootCmd(&options{}))
 	if len(paths) < 15 {
 		t.Fatalf("walked %d commands: the tree is not all there", len(paths))
 	}

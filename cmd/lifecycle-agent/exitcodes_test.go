@@ -13,13 +13,10 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"slices"
 	"strings"
 	"sync/atomic"
 	"syscall"
 	"testing"
-
-	"github.com/spf13/cobra"
 
 	"github.com/lifecycle-agent/lifecycle-agent/internal/exitcode"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/journal"
@@ -263,15 +260,7 @@ func TestRequestOutput(t *testing.T) {
 // hidden ones included, ends with the one exit code table
 // (internal/exitcode), and docs/pipelines.md carries it.
 func TestExitCodesDocumented(t *testing.T) {
-	var paths [][]string
-	var walk func(c *cobra.Command, path []string)
-	walk = func(c *cobra.Command, path []string) {
-		paths = append(paths, path)
-		for _, s := range c.Commands() {
-			walk(s, append(slices.Clone(path), s.Name()))
-		}
-	}
-	walk(newRootCmd(&env{}), nil)
+	paths := exitcode.CommandPaths(newRootCmd(&env{}))
 	if len(paths) < 20 {
 		t.Fatalf("walked %d commands: the tree is not all there", len(paths))
 	}

@@ -2,6 +2,7 @@ package exitcode
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -107,4 +108,20 @@ func AddToHelp(root *cobra.Command) {
 		}
 	}
 	walk(root)
+}
+
+// CommandPaths lists every command of root's tree as the arguments that
+// name it (nil for root itself), parents before children: for tests that
+// run each command's --help.
+func CommandPaths(root *cobra.Command) [][]string {
+	var paths [][]string
+	var walk func(c *cobra.Command, path []string)
+	walk = func(c *cobra.Command, path []string) {
+		paths = append(paths, path)
+		for _, s := range c.Commands() {
+			walk(s, append(slices.Clone(path), s.Name()))
+		}
+	}
+	walk(root, nil)
+	return paths
 }
