@@ -2,18 +2,13 @@ package engine
 
 import (
 	"context"
-	"io"
-	"log/slog"
-	"path/filepath"
 	"testing"
 	"time"
 
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/lifecycle-agent/lifecycle-agent/api/v1alpha1"
-	"github.com/lifecycle-agent/lifecycle-agent/internal/apiclient"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/drivers"
-	"github.com/lifecycle-agent/lifecycle-agent/internal/hostops"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/journal"
 )
 
@@ -24,20 +19,8 @@ import (
 // it is delivered, progress lingers again.
 func TestLazyStatus(t *testing.T) {
 	clk := clocktesting.NewFakeClock(time.Date(2026, 12, 6, 12, 0, 0, 0, time.UTC))
-	j, _, err := journal.Open(context.Background(), filepath.Join(t.TempDir(), "journal.db"), journal.Options{Clock: clk})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = j.Close() })
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	host, err := hostops.NewSimulated(hostops.SimulatedConfig{StateDir: t.TempDir(), Logger: log})
-	if err != nil {
-		t.Fatal(err)
-	}
-	e, err := New(Config{Node: "n", API: &apiclient.Client{}, Journal: j, Clock: clk, Log: log, Host: host})
-	if err != nil {
-		t.Fatal(err)
-	}
+	e := newOfflineEngine(t, clk)
+	j := e.cfg.Journal
 	checked := func(context.Context, drivers.Runtime, string) (bool, error) { return false, nil }
 	a := &active{name: "ev", uid: "uid-1", steps: []drivers.Step{{Name: "cordon"}, {Name: "reboot", Done: checked}}}
 	for _, s := range a.steps {

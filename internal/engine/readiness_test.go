@@ -1,11 +1,7 @@
 package engine
 
 import (
-	"context"
 	"encoding/json"
-	"io"
-	"log/slog"
-	"path/filepath"
 	"slices"
 	"testing"
 	"time"
@@ -13,9 +9,7 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/lifecycle-agent/lifecycle-agent/api/v1alpha1"
-	"github.com/lifecycle-agent/lifecycle-agent/internal/apiclient"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/drivers"
-	"github.com/lifecycle-agent/lifecycle-agent/internal/hostops"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/journal"
 )
 
@@ -24,20 +18,8 @@ import (
 // queues one Node write, a repeat none, and another step's progress none.
 func TestReadinessWaitInMaintenanceCondition(t *testing.T) {
 	clk := clocktesting.NewFakeClock(time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC))
-	j, _, err := journal.Open(context.Background(), filepath.Join(t.TempDir(), "journal.db"), journal.Options{Clock: clk})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = j.Close() })
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	host, err := hostops.NewSimulated(hostops.SimulatedConfig{StateDir: t.TempDir(), Logger: log})
-	if err != nil {
-		t.Fatal(err)
-	}
-	e, err := New(Config{Node: "n", API: &apiclient.Client{}, Journal: j, Clock: clk, Log: log, Host: host})
-	if err != nil {
-		t.Fatal(err)
-	}
+	e := newOfflineEngine(t, clk)
+	j := e.cfg.Journal
 	a := &active{name: "ev", uid: "uid-1", tn: "n-reboot",
 		steps: []drivers.Step{{Name: "reboot", Disruptive: true}, {Name: "wait-ready"}, {Name: drivers.StepWaitWorkloads}, {Name: "uncordon"}}}
 	a.status.Driver.Start, a.status.Driver.End = "Running", "Running"
