@@ -139,12 +139,22 @@ func TestReadinessBeforeUncordon(t *testing.T) {
 		t.Fatal("the node was uncordoned while its DaemonSet pod and GPUs were not back")
 	}
 	r.setPodReady(true)
-	time.Sleep(2 * time.Second) // one poll with the GPUs still missing
-	if ev, _ := lc.Events.Get(context.Background(), "ready-1", metav1.GetOptions{}); ev.Status.ClaimStatus.Finished() || !strings.Contains(ev.Status.Message, want[1]) || strings.Contains(ev.Status.Message, want[0]) {
+	// The next poll's message names only the GPUs (a progress status may
+	// linger up to a second in the outbox before it is written).
+	var ev *v1alpha1.LifecycleEvent
+	waitFor(t, "the event's status naming only the GPUs", time.Minute, func() bool {
+		e, err := lc.Events.Get(context.Background(), "ready-1", metav1.GetOptions{})
+		if err != nil {
+			return false
+		}
+		ev = e
+		return ev.Status.ClaimStatus.Finished() || !strings.Contains(ev.Status.Message, want[0])
+	})
+	if ev.Status.ClaimStatus.Finished() || !strings.Contains(ev.Status.Message, want[1]) {
 		t.Fatalf("with the pod Ready and the GPUs still 0: %s %q", ev.Status.ClaimStatus, ev.Status.Message)
 	}
 	r.setGPUs(8)
-	ev := waitEvent(t, "ready-1", time.Minute)
+	ev = waitEvent(t, "ready-1", time.Minute)
 	if ev.Status.ClaimStatus != v1alpha1.LifecycleEventSucceeded {
 		t.Fatalf("reboot ended %s: %s", ev.Status.ClaimStatus, ev.Status.Message)
 	}
