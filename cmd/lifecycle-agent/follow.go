@@ -138,6 +138,11 @@ func (f *follower) emit(p progress) {
 	f.last = key
 	switch f.o.Output {
 	case outJSON:
+		if _, done := outcomeCode(p.ClaimStatus); done && p.ExitCode == nil {
+			// The end state goes out once, on the last line, with its
+			// result and exit code (end).
+			return
+		}
 		if p.ClaimStatus == "" && !p.Queued {
 			// As the text says: not claimed yet (an empty status).
 			p.ClaimStatus = orPending("", false)
