@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 
@@ -252,7 +253,7 @@ func childNames(prefix string) []string {
 			rest = strings.TrimPrefix(rest, prefix+".")
 		}
 		child, _, _ := strings.Cut(rest, ".")
-		if !contains(out, child) {
+		if !slices.Contains(out, child) {
 			out = append(out, child)
 		}
 	}

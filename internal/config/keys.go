@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"net/url"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -543,7 +544,7 @@ func (k *key) defaultValue() (any, error) { return k.kind.fromString(k.def) }
 func (k *key) validate(v any) error {
 	if len(k.enum) > 0 {
 		s, _ := v.(string)
-		if !contains(k.enum, s) {
+		if !slices.Contains(k.enum, s) {
 			return fmt.Errorf("invalid value %q; want %s", s, orList(k.enum))
 		}
 	}
@@ -831,17 +832,6 @@ func checkComponents(v any) error {
 		}
 	}
 	return nil
-}
-
-// --- small helpers ----------------------------------------------------
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
 
 // orList renders [a b c] as "a, b or c".

@@ -5,6 +5,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 )
 
@@ -35,7 +36,7 @@ func layers(path string, explicit bool, vendor string) ([]*fileDecoder, error) {
 			return nil, err
 		}
 		for _, name := range names {
-			if contains(dropIns, name) {
+			if slices.Contains(dropIns, name) {
 				continue // masked by the administrator's file of that name
 			}
 			d, err := readFile(filepath.Join(vendor, name), true)

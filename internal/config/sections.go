@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -122,7 +123,7 @@ func stringField[T any](get func(*T) *string, check func(string) error) func(*fi
 func enumField[T any](get func(*T) *string, values ...string) func(*fileDecoder, *yaml.Node, string, *T) error {
 	return func(d *fileDecoder, n *yaml.Node, at string, dst *T) error {
 		s, err := nodeString(n)
-		if err != nil || !contains(values, s) {
+		if err != nil || !slices.Contains(values, s) {
 			return fieldErr(d, n, at, fmt.Errorf("want %s, got %s", orList(values), describe(deref(n))))
 		}
 		*get(dst) = s
@@ -369,7 +370,7 @@ func checkParams(params []string) error {
 		if !paramRE.MatchString(p) {
 			return fmt.Errorf("invalid parameter name %q: letters, digits and '_', starting with a letter", p)
 		}
-		if contains(params[:i], p) {
+		if slices.Contains(params[:i], p) {
 			return fmt.Errorf("parameter %q listed twice", p)
 		}
 	}
