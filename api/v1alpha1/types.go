@@ -304,6 +304,15 @@ const Finalizer = "lifecycle.x-k8s.io/agent"
 // AnnotationCordonedBy on a Node records that the agent owns the cordon.
 const AnnotationCordonedBy = "lifecycle.x-k8s.io/cordoned-by"
 
+// AnnotationResolvedPlan on a LifecycleEvent is the plan the agent fixed
+// at claim (a JSON object of the "resolved." parameters: the readiness
+// snapshot, gpu-reset's GPUs), written with the finalizer, in the same
+// update. The journal holds the same plan; the annotation is read only
+// when an agent adopts an event it claimed and its journal has no record
+// of it (lost, re-imaged), so that it does not fix the plan again from a
+// node the event already disrupted.
+const AnnotationResolvedPlan = "lifecycle.x-k8s.io/resolved-plan"
+
 // Node condition types written by the agent: LifecycleTransition (the
 // LifecycleEvent proposal), the five Node Lifecycle Conditions of KEP-5683
 // as merged (the same strings as k8s.io/api core/v1's NodeDrainInProgress

@@ -48,22 +48,44 @@ func (c *Client) UpdateEventStatus(ctx context.Context, ev *v1alpha1.LifecycleEv
 // conflict it falls back to SetFinalizer's read and retry. It returns the
 // updated object when its own update went through, else nil.
 func (c *Client) SetFinalizerOn(ctx context.Context, ev *v1alpha1.LifecycleEvent, on bool) (*v1alpha1.LifecycleEvent, error) {
-	fins, change := withFinalizer(ev.Finalizers, on)
-	if !change {
+	return c.SetFinalizerWith(ctx, ev, on, nil)
+}
+
+// SetFinalizerWith is SetFinalizerOn that also sets the annotations ann in
+// the same update (and in its retries): the claim's plan goes out with
+// the finalizer, at no extra write.
+func (c *Client) SetFinalizerWith(ctx context.Context, ev *v1alpha1.LifecycleEvent, on bool, ann map[string]string) (*v1alpha1.LifecycleEvent, error) {
+	cp := ev.DeepCopy()
+	if !withMeta(cp, on, ann) {
 		return nil, nil
 	}
-	cp := ev.DeepCopy()
-	cp.Finalizers = fins
 	got, err := c.LC.Events.Update(ctx, cp, metav1.UpdateOptions{})
 	switch {
 	case apierrors.IsConflict(err):
-		return nil, c.SetFinalizer(ctx, ev.Name, string(ev.UID), on)
+		return nil, c.setFinalizer(ctx, ev.Name, string(ev.UID), on, ann)
 	case apierrors.IsNotFound(err) && !on:
 		return nil, nil
 	case err != nil:
 		return nil, fmt.Errorf("apiclient: finalizer on %s: %w", ev.Name, err)
 	}
 	return got, nil
+}
+
+// withMeta sets ev's finalizer (on) and annotations ann, and reports
+// whether that changed ev.
+func withMeta(ev *v1alpha1.LifecycleEvent, on bool, ann map[string]string) bool {
+	fins, change := withFinalizer(ev.Finalizers, on)
+	ev.Finalizers = fins
+	for k, v := range ann {
+		if cur, ok := ev.Annotations[k]; ok && cur == v {
+			continue
+		}
+		if ev.Annotations == nil {
+			ev.Annotations = map[string]string{}
+		}
+		ev.Annotations[k], change = v, true
+	}
+	return change
 }
 
 // withFinalizer returns fins with the agent's finalizer (on) or without it,
@@ -91,6 +113,10 @@ func withFinalizer(fins []string, on bool) ([]string, bool) {
 // on conflicts with a fresh read. With a uid, an event of that name but
 // another UID (ours was deleted and the name reused) is left alone.
 func (c *Client) SetFinalizer(ctx context.Context, name, uid string, on bool) error {
+	return c.setFinalizer(ctx, name, uid, on, nil)
+}
+
+func (c *Client) setFinalizer(ctx context.Context, name, uid string, on bool, ann map[string]string) error {
 	for i := 0; i < 5; i++ {
 		ev, err := c.GetEvent(ctx, name)
 		if apierrors.IsNotFound(err) && !on {
@@ -105,11 +131,9 @@ func (c *Client) SetFinalizer(ctx context.Context, name, uid string, on bool) er
 			}
 			return nil
 		}
-		fins, change := withFinalizer(ev.Finalizers, on)
-		if !change {
+		if !withMeta(ev, on, ann) {
 			return nil
 		}
-		ev.Finalizers = fins
 		_, err = c.LC.Events.Update(ctx, ev, metav1.UpdateOptions{})
 		if err == nil || (apierrors.IsNotFound(err) && !on) {
 			return nil

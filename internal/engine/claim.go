@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"slices"
 	"strconv"
@@ -365,7 +366,11 @@ func (e *Engine) claim(ctx context.Context, cached *v1alpha1.LifecycleEvent) (*a
 	}
 	params, opts, planErr := splitParams(ev.Spec.Parameters)
 	if planErr == nil {
-		params, planErr = e.resolve(ctx, d, params)
+		if fixed, ok := e.fixedPlan(ev, adopt, params); ok {
+			params = fixed
+		} else {
+			params, planErr = e.resolve(ctx, d, params)
+		}
 	}
 	var steps []drivers.Step
 	if planErr == nil {
@@ -449,8 +454,13 @@ func (e *Engine) claim(ctx context.Context, cached *v1alpha1.LifecycleEvent) (*a
 		e.log.Info("claimed", "event", ev.Name, "driver", d.Name(), "transition", lt.Name)
 		fin = got
 	}
-	// Finalizer before any side effect.
-	got, err := e.cfg.API.SetFinalizerOn(ctx, fin, true)
+	// Finalizer before any side effect; the plan fixed at claim goes with
+	// it (fixedPlan reads it back after a lost journal).
+	var ann map[string]string
+	if !adopt {
+		ann = planAnnotation(params)
+	}
+	got, err := e.cfg.API.SetFinalizerWith(ctx, fin, true, ann)
 	if err != nil {
 		if apierrors.IsNotFound(err) {
 			// Deleted right after our claim: nothing was done or reported
@@ -505,6 +515,64 @@ func (e *Engine) claim(ctx context.Context, cached *v1alpha1.LifecycleEvent) (*a
 		a.failNow = planErr
 	}
 	return a, nil
+}
+
+// resolvedPrefix begins the plan keys a Resolver fixes at claim
+// (drivers.ResolvedReadiness, gpu-reset's GPUs).
+const resolvedPrefix = "resolved."
+
+// planAnnotation is v1alpha1.AnnotationResolvedPlan for a plan: its
+// resolved keys as a JSON object, or nil when it has none.
+func planAnnotation(params map[string]string) map[string]string {
+	fixed := map[string]string{}
+	for k, v := range params {
+		if strings.HasPrefix(k, resolvedPrefix) {
+			fixed[k] = v
+		}
+	}
+	if len(fixed) == 0 {
+		return nil
+	}
+	b, err := json.Marshal(fixed)
+	if err != nil {
+		return nil
+	}
+	return map[string]string{v1alpha1.AnnotationResolvedPlan: string(b)}
+}
+
+// fixedPlan is the plan of an event adopted without a journal record (the
+// journal lost or re-imaged mid-event): the event's parameters with the
+// resolved keys its claim wrote beside the finalizer
+// (v1alpha1.AnnotationResolvedPlan), instead of resolving them again from
+// a node the event already disrupted (a readiness snapshot taken after
+// the reboot would not require the GPUs that are not back). ok is false
+// when the event is not adopted or carries no such annotation (claimed by
+// an older agent): the plan is then resolved as at claim. An annotation
+// that does not parse is logged and ignored the same way; one that names
+// a key outside the reserved prefix is ignored too.
+func (e *Engine) fixedPlan(ev *v1alpha1.LifecycleEvent, adopt bool, params map[string]string) (map[string]string, bool) {
+	raw, has := ev.Annotations[v1alpha1.AnnotationResolvedPlan]
+	if !adopt || !has {
+		return nil, false
+	}
+	var fixed map[string]string
+	if err := json.Unmarshal([]byte(raw), &fixed); err != nil {
+		e.log.Warn("adopted event: its resolved plan does not parse; resolving the plan again", "event", ev.Name, "annotation", v1alpha1.AnnotationResolvedPlan, "err", err)
+		return nil, false
+	}
+	out := maps.Clone(params)
+	if out == nil {
+		out = map[string]string{}
+	}
+	for k, v := range fixed {
+		if !strings.HasPrefix(k, resolvedPrefix) {
+			e.log.Warn("adopted event: resolved plan key outside the reserved prefix ignored", "event", ev.Name, "key", k)
+			continue
+		}
+		out[k] = v
+	}
+	e.log.Info("adopted event: the plan fixed at claim read back from the event", "event", ev.Name, "keys", len(fixed))
+	return out, true
 }
 
 // resolve fixes a Resolver driver's plan (see drivers.Resolver); other
@@ -721,7 +789,14 @@ func (e *Engine) rebuildSteps(a *active) error {
 		if attempt < 1 {
 			attempt = 1
 		}
-		if _, err := e.cfg.Journal.AppendStep(a.uid, journal.StepRecord{Step: st.Name, Phase: journal.PhaseIntent,
+		// The intent keeps the step's start as the status says it, so what
+		// counts from it (the readiness wait's deadline:
+		// Runtime.StepStarted) does not start again at the adoption.
+		var at time.Time
+		if st.StartTime != nil {
+			at = st.StartTime.Time
+		}
+		if _, err := e.cfg.Journal.AppendStep(a.uid, journal.StepRecord{Step: st.Name, Phase: journal.PhaseIntent, At: at,
 			State: journal.StepRunning, Attempt: attempt, BootID: boot, Message: "rebuilt from the event's status"}); err != nil {
 			return err
 		}

@@ -2,6 +2,8 @@ package crash
 
 import (
 	"context"
+	"encoding/json"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -155,4 +157,62 @@ func TestReadinessWaitAcrossCrash(t *testing.T) {
 	if cordoned() {
 		t.Error("the node is still cordoned after the event succeeded")
 	}
+}
+
+// TestReadinessWaitJournalLost: as TestReadinessWaitAcrossCrash, but the
+// agent's journal is lost while it is down (moved aside as corrupt, a
+// re-imaged root): the restarted agent knows the event only from the API
+// and adopts it. It must not take the readiness snapshot again from the
+// node the reboot already disrupted (0 GPUs: the wait would pass at once
+// and uncordon a node without its GPUs); it reads back the plan its claim
+// wrote beside the finalizer (the resolved-plan annotation). The wait's
+// deadline still counts from the step's start as the event's status has
+// it, not from the adoption: the progress says the wait was resumed.
+func TestReadinessWaitJournalLost(t *testing.T) {
+	ctx := context.Background()
+	w := killedInReadinessWait(t, "ready-lost")
+	c, msg, cordoned, setGPUs := w.c, w.msg, w.cordoned, w.setGPUs
+	ev, err := w.lc.Events.Get(ctx, c.event, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var plan map[string]string
+	if err := json.Unmarshal([]byte(ev.Annotations[v1alpha1.AnnotationResolvedPlan]), &plan); err != nil || !strings.Contains(plan["resolved.readiness"], "nvidia.com/gpu") {
+		t.Fatalf("the claimed event's %s annotation: %q (%v); want the claim-time snapshot with nvidia.com/gpu",
+			v1alpha1.AnnotationResolvedPlan, ev.Annotations[v1alpha1.AnnotationResolvedPlan], err)
+	}
+	if err := os.Remove(c.journal()); err != nil {
+		t.Fatal(err)
+	}
+	a := c.start(t, "")
+	defer func() { _ = a.stop(30 * time.Second) }()
+	// The status still names the GPUs from before the kill: wait for the
+	// adopting agent's own wait.
+	waitFor(t, "the adopting agent's readiness wait", time.Minute, a, func() bool {
+		return strings.Contains(a.logText(), "checking the node's workloads")
+	})
+	waitFor(t, "the adopting agent naming the GPUs", time.Minute, a, func() bool { return strings.Contains(msg(), readinessMissing) }, msg)
+	if l := a.logText(); !strings.Contains(l, "resumed after a restart") {
+		t.Errorf("the adopted wait does not count from the step's start: its progress does not say it was resumed:\n%s", grepLog(l, "checking the node's workloads"))
+	}
+	time.Sleep(3 * time.Second)
+	if m := msg(); !strings.HasPrefix(m, "Claimed") || !cordoned() {
+		t.Fatalf("adopted without its journal, with the GPUs still missing: %s (cordoned %v); want the wait against the claim-time snapshot", m, cordoned())
+	}
+	setGPUs(8)
+	waitFor(t, "the reboot to succeed", time.Minute, a, func() bool { return strings.HasPrefix(msg(), "Succeeded") }, msg)
+	if cordoned() {
+		t.Error("the node is still cordoned after the event succeeded")
+	}
+}
+
+// grepLog is the lines of log that contain s.
+func grepLog(log, s string) string {
+	var out []string
+	for _, l := range strings.Split(log, "\n") {
+		if strings.Contains(l, s) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
 }
