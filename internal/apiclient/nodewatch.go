@@ -58,3 +58,56 @@ func (c *Client) WatchNodeLabel(ctx context.Context, key string, notify func(val
 	go inf.RunWithContext(ctx)
 	return nil
 }
+
+// NodeChanges returns a channel that receives (without blocking: one
+// pending signal at most) whenever this Node or a pod bound to it changes,
+// until ctx ends: two informers, one over this Node (fieldSelector
+// metadata.name), one over its pods (spec.nodeName, what the Node
+// authorizer lets a node identity watch), on the clients without the
+// client-side timeout. Their first lists signal too. A watch that cannot
+// run (an outage, RBAC) only means no signal: the caller keeps a slower
+// poll for that (drivers.Readiness). The informers' caches are this
+// node's objects only, held while ctx lives.
+func (c *Client) NodeChanges(ctx context.Context) <-chan struct{} {
+	ch := make(chan struct{}, 1)
+	signal := func() {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
+	}
+	core := c.watchClients().CoreV1()
+	byName := fields.OneTermEqualSelector("metadata.name", c.Node).String()
+	onNode := fields.OneTermEqualSelector("spec.nodeName", c.Node).String()
+	h := cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { signal() },
+		UpdateFunc: func(any, any) { signal() },
+		DeleteFunc: func(any) { signal() },
+	}
+	nodes := cache.NewSharedIndexInformer(&cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			o.FieldSelector = byName
+			return core.Nodes().List(ctx, o)
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			o.FieldSelector = byName
+			return core.Nodes().Watch(ctx, o)
+		},
+	}, &corev1.Node{}, 0, cache.Indexers{})
+	pods := cache.NewSharedIndexInformer(&cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			o.FieldSelector = onNode
+			return core.Pods(metav1.NamespaceAll).List(ctx, o)
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			o.FieldSelector = onNode
+			return core.Pods(metav1.NamespaceAll).Watch(ctx, o)
+		},
+	}, &corev1.Pod{}, 0, cache.Indexers{})
+	for _, inf := range []cache.SharedIndexInformer{nodes, pods} {
+		if _, err := inf.AddEventHandler(h); err == nil {
+			go inf.RunWithContext(ctx)
+		}
+	}
+	return ch
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"slices"
 	"strings"
 	"time"
 
@@ -34,6 +35,17 @@ type Readiness struct {
 	// Clock times the wait; nil means the real clock.
 	Clock clock.Clock
 }
+
+// NodeWatcher is an API client that signals changes to this Node and its
+// pods (apiclient.Client.NodeChanges); the readiness wait looks again when
+// one comes instead of polling every interval.
+type NodeWatcher interface {
+	NodeChanges(ctx context.Context) <-chan struct{}
+}
+
+// ReadinessRecheck is how often a readiness wait woken by a NodeWatcher
+// looks anyway: for a change its watch missed while it was down.
+const ReadinessRecheck = 30 * time.Second
 
 // ChangeCordonKept is the owned-change kind, key cordon-kept/<node>, that
 // a readiness timeout journals with readiness.onTimeout keepCordoned: the
@@ -196,6 +208,18 @@ func (r Readiness) step() Step {
 			clk = clock.RealClock{}
 		}
 		interval := orDefault(r.PollInterval, DefaultPollInterval)
+		// Woken by the watch of the Node and its pods where the API client
+		// has one: a check when something changed (at most one per
+		// interval), and one every ReadinessRecheck for what a watch cannot
+		// see (a watch that is down). The command check has no watch: with
+		// it the wait polls every interval, as without a watch.
+		var wake <-chan struct{}
+		recheck := interval
+		if w, ok := api.(NodeWatcher); ok && !slices.Contains(checks, readiness.CheckCommand) {
+			wctx, wcancel := context.WithCancel(ctx)
+			defer wcancel()
+			wake, recheck = w.NodeChanges(wctx), max(interval, ReadinessRecheck)
+		}
 		deadline, resumed := waitDeadline(clk.Now(), rt.StepStarted(), timeout)
 		// A wait resumed past its deadline still looks once: a node ready
 		// by now is given back; the look is bounded on its own.
@@ -209,6 +233,7 @@ func (r Readiness) step() Step {
 		var apiErr error // the last poll's error; nil when it read the API
 		down := false    // the last poll failed
 		for {
+			polled := clk.Now()
 			pctx, cancel := context.WithDeadline(ctx, pollBound)
 			pollBound = deadline
 			notReady, err := cfg.NotReady(pctx, api, snap, checks, run)
@@ -244,10 +269,29 @@ func (r Readiness) step() Step {
 			if !clk.Now().Before(deadline) {
 				break
 			}
+			// The next look: at the next change or recheck, never past the
+			// deadline, and with a watch the last one an interval before it
+			// (a look at the deadline would have no time left to read).
+			left := deadline.Sub(clk.Now())
+			d := min(recheck, left)
+			if wake != nil && left > interval {
+				d = min(recheck, left-interval)
+			}
 			select {
 			case <-ctx.Done():
 				return ctx.Err()
-			case <-clk.After(interval):
+			case <-wake:
+				if gap := interval - clk.Since(polled); gap > 0 {
+					select {
+					case <-ctx.Done():
+						return ctx.Err()
+					case <-clk.After(min(gap, max(left, 0))):
+					}
+				}
+			case <-clk.After(d):
+			}
+			if !clk.Now().Before(deadline) {
+				break // what the last look read stands
 			}
 		}
 		var failure error

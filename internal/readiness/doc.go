@@ -22,11 +22,23 @@
 // TestReadinessSnapshotAfterClaimCrash (killed at engineAfterClaim,
 // adopted: the wait still requires the 8 GPUs) and
 // TestReadinessWaitAcrossCrash (killed during the wait: a re-read snapshot
-// would see 0 GPUs and pass). Not covered: an event adopted after its
-// journal was lost mid-event (moved aside as corrupt, a re-imaged disk) is
-// resolved again from a node the event already disrupted, so a DaemonSet
-// or a resource already gone is not required back; the journal was the
-// only copy of the snapshot.
+// would see 0 GPUs and pass).
+//
+// A second copy on the event, for a lost journal. The claim writes the
+// plan's resolved keys (this snapshot, gpu-reset's GPUs) as the event's
+// lifecycle.x-k8s.io/resolved-plan annotation, in the update that adds the
+// finalizer (no extra write). An agent that adopts an event it claimed
+// and finds no journal record of it (the journal moved aside as corrupt,
+// a re-imaged disk) reads the plan back from there instead of resolving it
+// again from a node the event already disrupted, where the DaemonSets and
+// the GPUs it waits for are gone and would not be required back. The
+// steps rebuilt from the event's status keep their status startTime as
+// the journaled start, so the wait's readiness.timeout goes on counting
+// from the step's start (of its latest attempt, as the status has it)
+// rather than from the adoption. An event claimed by an agent without
+// this (no annotation) is resolved again, as before. Test: test/crash
+// TestReadinessWaitJournalLost (killed in the wait, journal removed: the
+// adopted wait still requires the 8 GPUs and says it was resumed).
 //
 // Before the uncordon, Config.NotReady lists what is not back yet, each
 // item one short phrase a user can act on:
@@ -93,6 +105,23 @@
 //     when the last poll failed, that poll's error: an outage that healed
 //     minutes before is not why the node is not ready. No successful read
 //     at all says "could not be checked", with the error.
+//
+// When it looks. The agent's API client watches the Node and the pods
+// bound to it while the wait runs (apiclient.Client.NodeChanges: two
+// informers over this node's objects only) and the wait looks again when
+// one of them changes — the device plugin's registration changes the
+// Node's allocatable, a DaemonSet pod's readiness changes the pod — at
+// most once per 2 s, and otherwise once every 30 s
+// (drivers.ReadinessRecheck) for a change the watch missed while it was
+// down, with a last look an interval before the deadline. Each look is a
+// GET of the Node and a list of its pods, as before: the watch only says
+// when, so the verdict and the outage handling below read the server, not
+// a cache that may be stale. A 10-minute wait of a node whose objects do
+// not change costs about 40 requests instead of 600. The command check
+// has nothing to watch: with it the wait looks every 2 s. Tests:
+// internal/drivers TestReadinessWatchRechecks and TestReadinessWatchWakes,
+// test/e2e TestReadinessWaitWatches (the agent's Node GETs counted while
+// nothing changes).
 //
 // The deadline is readiness.timeout from the wait's first start, which
 // the engine journals (the step's first intent; drivers.Runtime
