@@ -11,7 +11,12 @@
 // the agent's credentials; replacements of evicted pods land on a host-side
 // stand-in node (SpareNode). Its four scenarios share one VM session (one
 // control plane, boot, package install and kubelet join; each starts from
-// a Ready, uncordoned node with none of its pods and leaves it so):
+// a Ready, uncordoned node with none of its pods and leaves it so). The
+// join is a cold boot: the agent installed and active, containerd and the
+// kubelet enabled, then the reset button, so that systemd starts both in
+// the units' order, as on a node's first power-on; the logind drop-in race
+// is checked there (the agent's file follows 99-kubelet.conf, and the
+// boot's journal shows the agent started first):
 //
 //   - (i) DrainAndUncordon drains real pods behind a PDB (their SIGTERM and
 //     exit recorded on a hostPath) and uncordons.
