@@ -75,8 +75,9 @@
 // authorizer); and only Take applies it, so an event requires what its
 // journaled snapshot lists, whatever the configuration says after a
 // restart. NewDaemonSetFilter names a bad namespace or selector; the
-// config keys that feed it (readiness.daemonSets.namespaces, .selector)
-// are not wired yet (internal/config, internal/agent).
+// config keys that feed it are readiness.daemonSets.namespaces and
+// .selector (checked at load with file:line, internal/config; passed on by
+// internal/agent; test/e2e TestReadinessDaemonSetNamespaces).
 //
 // # The wait (drivers.Readiness, step wait-workloads-ready)
 //

@@ -185,11 +185,14 @@ func claim(ctx context.Context, res *bench.Result, dir string, events, warmup in
 	if gap == 0 {
 		suffix, how = "-back-to-back", ", events back to back (the agent's client-side rate limit runs dry)"
 	}
+	// The goal is issue 42's: p99 ≤ 25 ms for one agent (it was 50).
+	const goalMs = 25
+	goal := fmt.Sprintf("p99 ≤ %d ms", goalMs)
 	res.Rows = []bench.Row{
-		{ID: "1a" + suffix, What: "claim latency, 1 agent: event created → Claimed (watch at the client)" + how, Goal: "p99 ≤ 50 ms",
-			Measured: fmt.Sprintf("p50 %s, p99 %s (n=%d, max %s)", ms(st.Claimed.P50), ms(st.Claimed.P99), st.Claimed.N, ms(st.Claimed.Max)), Met: bench.Verdict(st.Claimed.P99 <= 50)},
-		{ID: "1b" + suffix, What: "claim latency, 1 agent: event created → Node condition LifecycleTransition names it" + how, Goal: "p99 ≤ 50 ms",
-			Measured: fmt.Sprintf("p50 %s, p99 %s (n=%d, max %s)", ms(st.Condition.P50), ms(st.Condition.P99), st.Condition.N, ms(st.Condition.Max)), Met: bench.Verdict(st.Condition.P99 <= 50)},
+		{ID: "1a" + suffix, What: "claim latency, 1 agent: event created → Claimed (watch at the client)" + how, Goal: goal,
+			Measured: fmt.Sprintf("p50 %s, p99 %s (n=%d, max %s)", ms(st.Claimed.P50), ms(st.Claimed.P99), st.Claimed.N, ms(st.Claimed.Max)), Met: bench.Verdict(st.Claimed.P99 <= goalMs)},
+		{ID: "1b" + suffix, What: "claim latency, 1 agent: event created → Node condition LifecycleTransition names it" + how, Goal: goal,
+			Measured: fmt.Sprintf("p50 %s, p99 %s (n=%d, max %s)", ms(st.Condition.P50), ms(st.Condition.P99), st.Condition.N, ms(st.Condition.Max)), Met: bench.Verdict(st.Condition.P99 <= goalMs)},
 	}
 	res.Notes = append(res.Notes, fmt.Sprintf("claim: driver uncordon on a node that is not cordoned (one step, no change); %d warm-up events not counted; %s after each event; event created → Succeeded and deleted: %s", warmup, gap, st.Total))
 	return nil
