@@ -20,18 +20,7 @@ import (
 // client-side timeout (watchClients); notify runs on the informer's
 // goroutine, one call at a time.
 func (c *Client) WatchNodeLabel(ctx context.Context, key string, notify func(value string)) error {
-	core := c.watchClients().CoreV1()
-	sel := fields.OneTermEqualSelector("metadata.name", c.Node).String()
-	lw := &cache.ListWatch{
-		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-			o.FieldSelector = sel
-			return core.Nodes().List(ctx, o)
-		},
-		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-			o.FieldSelector = sel
-			return core.Nodes().Watch(ctx, o)
-		},
-	}
+	lw := c.thisNodeListWatch()
 	var mu sync.Mutex
 	last, seen := "", false
 	h := func(obj any, gone bool) {
@@ -77,23 +66,13 @@ func (c *Client) NodeChanges(ctx context.Context) <-chan struct{} {
 		}
 	}
 	core := c.watchClients().CoreV1()
-	byName := fields.OneTermEqualSelector("metadata.name", c.Node).String()
 	onNode := fields.OneTermEqualSelector("spec.nodeName", c.Node).String()
 	h := cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(any) { signal() },
 		UpdateFunc: func(any, any) { signal() },
 		DeleteFunc: func(any) { signal() },
 	}
-	nodes := cache.NewSharedIndexInformer(&cache.ListWatch{
-		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-			o.FieldSelector = byName
-			return core.Nodes().List(ctx, o)
-		},
-		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-			o.FieldSelector = byName
-			return core.Nodes().Watch(ctx, o)
-		},
-	}, &corev1.Node{}, 0, cache.Indexers{})
+	nodes := cache.NewSharedIndexInformer(c.thisNodeListWatch(), &corev1.Node{}, 0, cache.Indexers{})
 	pods := cache.NewSharedIndexInformer(&cache.ListWatch{
 		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
 			o.FieldSelector = onNode
@@ -110,4 +89,22 @@ func (c *Client) NodeChanges(ctx context.Context) <-chan struct{} {
 		}
 	}
 	return ch
+}
+
+// thisNodeListWatch lists and watches this Node alone (fieldSelector
+// metadata.name) on the clients without the client-side timeout
+// (watchClients).
+func (c *Client) thisNodeListWatch() *cache.ListWatch {
+	core := c.watchClients().CoreV1()
+	sel := fields.OneTermEqualSelector("metadata.name", c.Node).String()
+	return &cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			o.FieldSelector = sel
+			return core.Nodes().List(ctx, o)
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			o.FieldSelector = sel
+			return core.Nodes().Watch(ctx, o)
+		},
+	}
 }
