@@ -126,6 +126,15 @@ VM_TEST_TIMEOUT ?= 60m
 # test/crash 5m45s, test/packaging 2m50s). Every VM scenario passed;
 # test/e2e failed on a data race of that commit's engine (fixed in
 # 8a8e2a1, the Go tests pass at the fix).
+# Measured 2026-12-06, warm machine (caches built, Go's test cache from
+# earlier runs for the unchanged internal packages), quiet (nothing else
+# ran), `make test` at ccc0cd5 in a clean worktree: **35m59s** wall, 54.5
+# CPU-minutes, every test passed. test/vm 32m51s: harness 5m25s, (g)
+# 4m18s + 2m04s + 2m03s, TestRealNode 8m03s (the cold-boot join, then (i)
+# 38s, (k) 2m20s, (l) 2m17s, (j) 1m21s), (a) 1m17s, (b) 1m13s, (c) 2m11s,
+# (d) 1m44s, (e) 1m17s, (h) 1m05s, (f) 2m12s; beside it the Go tests
+# (test/e2e 10m38s, test/crash 5m20s, test/packaging 1m55s, test/docs
+# 1m35s, test/plugin 1m31s); then bench-ci 1m.
 # VM_TESTS narrows it (a go test -run pattern) when working on one scenario.
 VM_TESTS ?= .
 
