@@ -12,6 +12,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/lifecycle-agent/lifecycle-agent/api/v1alpha1"
+	"github.com/lifecycle-agent/lifecycle-agent/internal/apiclient"
 )
 
 // nodeGets counts the GETs of one Node sent through a client.
@@ -65,5 +66,50 @@ func TestReadinessWaitWatches(t *testing.T) {
 	}
 	if getNode(t, node).Spec.Unschedulable {
 		t.Error("the node is still cordoned after the event succeeded")
+	}
+}
+
+// TestNodeChanges: apiclient.Client.NodeChanges, with the node's own
+// identity (what the Node authorizer lets it watch), signals a change to
+// its Node (the device plugin's allocatable) and to a pod bound to it (a
+// DaemonSet pod's readiness) — the changes the readiness wait looks for.
+func TestNodeChanges(t *testing.T) {
+	const node = "node-changes"
+	r := newReadinessNode(t, node)
+	c, err := apiclient.New(env.NodeConfig(node), node, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ch := c.NodeChanges(ctx)
+	// The informers' first lists signal; then quiet.
+	select {
+	case <-ch:
+	case <-time.After(30 * time.Second):
+		t.Fatal("no signal from the first lists within 30 s")
+	}
+	quiet := time.After(2 * time.Second)
+	for done := false; !done; {
+		select {
+		case <-ch:
+		case <-quiet:
+			done = true
+		}
+	}
+	for _, change := range []struct {
+		what string
+		do   func()
+	}{
+		{"the Node's allocatable nvidia.com/gpu changed", func() { r.setGPUs(4) }},
+		{"the DaemonSet pod's Ready changed", func() { r.setPodReady(false) }},
+	} {
+		change.do()
+		select {
+		case <-ch:
+			t.Logf("signalled: %s", change.what)
+		case <-time.After(30 * time.Second):
+			t.Fatalf("no signal within 30 s after %s", change.what)
+		}
 	}
 }
