@@ -135,6 +135,19 @@ VM_TEST_TIMEOUT ?= 60m
 # (d) 1m44s, (e) 1m17s, (h) 1m05s, (f) 2m12s; beside it the Go tests
 # (test/e2e 10m38s, test/crash 5m20s, test/packaging 1m55s, test/docs
 # 1m35s, test/plugin 1m31s); then bench-ci 1m.
+# Cold, 2026-12-06, `make test` at fffa71c in a clean worktree with empty
+# caches (XDG_CACHE_HOME, GOCACHE and GOMODCACHE in a fresh directory:
+# kubebin, nodebin, the VM image, the failpoint binary and Go's build and
+# test caches all built anew), quiet machine: 1h04m18s wall. lint (go vet
+# on a cold cache) 5m30s, kube-apiserver+etcd+kube-controller-manager
+# 12m17s (22.9 CPU-minutes), the .deb about 1m, then test/vm 40m47s
+# (its harness 14m08s, of which the VM image with the node parts 10m07s;
+# the scenarios as warm) beside the Go tests (test/e2e 10m48s, test/crash
+# 5m50s). Every Go package passed; 14 of 15 VM scenarios passed: (c)
+# TestScenarioPowerCut's "after-reboot-intent" cut never saw the reboot
+# step Running on the API (the status write of a step's Running goes out
+# through the outbox, not before the step acts; the event Succeeded
+# without it), so make test exited 2 there (it passed in the warm run).
 # VM_TESTS narrows it (a go test -run pattern) when working on one scenario.
 VM_TESTS ?= .
 
