@@ -124,6 +124,12 @@ type NodeAPI interface {
 	NodeReady(ctx context.Context, bootID string) (bool, error)
 }
 
+// ResolvedPrefix begins every plan key a Resolver fixes at claim
+// (ResolvedReadiness, gpu-reset's GPUs): reserved, refused in an event's
+// parameters, and what the engine copies onto the event beside the
+// finalizer.
+const ResolvedPrefix = "resolved."
+
 // Resolver drivers turn an event's parameters into a fixed plan once, at
 // claim, against the live host (gpu-reset: gpus=all becomes the UUIDs seen
 // then). The engine journals the returned map with the event and, on every

@@ -21,7 +21,7 @@ import (
 // never from a live inventory. An event's own parameters may not use the
 // prefix (Resolve refuses them).
 const (
-	gpuResolvedPrefix = "resolved."
+	gpuResolvedPrefix = ResolvedPrefix
 	// gpuResolvedVersion marks a resolved map ("1").
 	gpuResolvedVersion = gpuResolvedPrefix + "v"
 	// gpuResolvedGPUs: the selection as UUIDs, comma list, index order.

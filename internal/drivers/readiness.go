@@ -69,7 +69,7 @@ func (Readiness) params() []string { return []string{readiness.Param, ResolvedRe
 // event: the step then says it compares against nothing.
 func (r Readiness) resolve(ctx context.Context, params map[string]string, log func(msg string, args ...any)) (map[string]string, error) {
 	if _, ok := params[ResolvedReadiness]; ok {
-		return nil, fmt.Errorf("%w: parameters.%s: the %q prefix is reserved for the plan fixed at claim", ErrBadParameter, ResolvedReadiness, "resolved.")
+		return nil, fmt.Errorf("%w: parameters.%s: the %q prefix is reserved for the plan fixed at claim", ErrBadParameter, ResolvedReadiness, ResolvedPrefix)
 	}
 	if _, err := r.Config.Selected(params[readiness.Param]); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrBadParameter, err)

@@ -517,16 +517,12 @@ func (e *Engine) claim(ctx context.Context, cached *v1alpha1.LifecycleEvent) (*a
 	return a, nil
 }
 
-// resolvedPrefix begins the plan keys a Resolver fixes at claim
-// (drivers.ResolvedReadiness, gpu-reset's GPUs).
-const resolvedPrefix = "resolved."
-
 // planAnnotation is v1alpha1.AnnotationResolvedPlan for a plan: its
 // resolved keys as a JSON object, or nil when it has none.
 func planAnnotation(params map[string]string) map[string]string {
 	fixed := map[string]string{}
 	for k, v := range params {
-		if strings.HasPrefix(k, resolvedPrefix) {
+		if strings.HasPrefix(k, drivers.ResolvedPrefix) {
 			fixed[k] = v
 		}
 	}
@@ -565,7 +561,7 @@ func (e *Engine) fixedPlan(ev *v1alpha1.LifecycleEvent, adopt bool, params map[s
 		out = map[string]string{}
 	}
 	for k, v := range fixed {
-		if !strings.HasPrefix(k, resolvedPrefix) {
+		if !strings.HasPrefix(k, drivers.ResolvedPrefix) {
 			e.log.Warn("adopted event: resolved plan key outside the reserved prefix ignored", "event", ev.Name, "key", k)
 			continue
 		}
