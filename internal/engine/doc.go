@@ -27,8 +27,12 @@
 // of a step without a Done check — lingers up to a second at the head of
 // the outbox, so that the next state supersedes it: a fast step costs no
 // status write of its own (pushStatusLazy). The Running of a step with a
-// Done check goes out at once: after a lost journal it is what makes the
-// replay ask the driver before acting again.
+// Done check goes out at once, and the step waits for its delivery before
+// it acts (awaitStatus; at most 10 s, and not while the API server is
+// unreachable): after a lost journal it is what makes the replay ask the
+// driver before acting again, and a reboot that went ahead of the
+// asynchronous delivery took it down with the old boot
+// (test/crash TestRunningDeliveredBeforeReboot).
 //
 // API cost: the claim reads the transition (and the Node, for a
 // nodeSelector) and takes the Lease and the status with the copies the watch

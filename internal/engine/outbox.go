@@ -29,6 +29,48 @@ func (e *Engine) pushStatus(a *active) error {
 	return err
 }
 
+// runningDeliveryWait bounds how long a step with a Done check waits for
+// its Running to reach the API server before it acts (awaitStatus).
+const runningDeliveryWait = 10 * time.Second
+
+// awaitStatus waits until no status of the event is left in the outbox,
+// at most bound, and not at all while the API server is unreachable; it
+// reports whether the status was delivered. A step with a Done check
+// calls it between queuing its Running and acting: the journal's intent
+// is what makes a replay ask before acting again, and the status's
+// Running is what does it when the journal is lost (rebuildSteps). Queued
+// is not enough: a reboot that went ahead of the delivery (the flusher is
+// asynchronous) took the Running down with the old boot, and a lost
+// journal after it would have repeated the reboot. An API server that is
+// down does not hold the node up: the agent works offline, as before.
+func (e *Engine) awaitStatus(ctx context.Context, a *active, bound time.Duration) bool {
+	until := e.cfg.Clock.Now().Add(bound)
+	for {
+		pending, err := e.cfg.Journal.OutboxPending()
+		if err != nil {
+			return false
+		}
+		queued := false
+		for _, p := range pending {
+			if p.UID == a.uid && p.Kind == journal.OutboxEventStatus {
+				queued = true
+			}
+		}
+		if !queued {
+			return true
+		}
+		if ctx.Err() != nil || !e.cfg.API.Contact().Reachable || !e.cfg.Clock.Now().Before(until) {
+			return false
+		}
+		poke(e.flushWake)
+		select {
+		case <-ctx.Done():
+		case <-e.flushed:
+		case <-e.cfg.Clock.After(250 * time.Millisecond):
+		}
+	}
+}
+
 // statusLinger is how long a lazy status entry (pushStatusLazy) waits at
 // the head of the outbox for a newer status of its event to supersede it.
 const statusLinger = time.Second

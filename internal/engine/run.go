@@ -347,6 +347,9 @@ func (e *Engine) runStep(ctx context.Context, a *active, i, attempt int, rt *ste
 	}
 	e.pushNode(a, running) // MaintenanceInProgress from the first disruptive step on
 	e.setState(fmt.Sprintf("event %s: step %s", a.name, s.Name), "event", a.name, "step", s.Name)
+	if s.Done != nil && !e.awaitStatus(ctx, a, runningDeliveryWait) {
+		e.log.Info("acting before the API server has the step's Running (the journal holds its intent)", "event", a.name, "step", s.Name)
+	}
 
 	stepCtx, cancel := context.WithCancel(ctx)
 	if !a.deadline.IsZero() {
