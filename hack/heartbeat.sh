@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# heartbeat.sh — sourced by hack/kubebin.sh, hack/prombin.sh and
+# heartbeat.sh — sourced by hack/kubebin.sh, hack/nodebin.sh, hack/prombin.sh and
 # hack/demo/prepare.sh, so that a long build is never silent:
 #
 #   timed TAG WHAT CMD [ARG...]
