@@ -46,6 +46,8 @@ type DaemonOptions struct {
 	// Cgroup, if set, is the memory cgroup the agent runs in from its
 	// first instruction (MemCgroup.Wrap).
 	Cgroup *MemCgroup
+	// Args are added to the agent's command line.
+	Args []string
 }
 
 // StartDaemon starts the agent binary.
@@ -76,6 +78,7 @@ func StartDaemon(o DaemonOptions) (*Daemon, error) {
 	argv := []string{o.Bin, "run", "--config", cfgPath, "--node-name", o.Node, "--kubeconfig", o.Kubeconfig,
 		"--journal", journal, "--socket", filepath.Join(o.Dir, "agent.sock"),
 		"--metrics-address", fmt.Sprintf("127.0.0.1:%d", port), "--host-mode", "simulate", "--log-level", "info"}
+	argv = append(argv, o.Args...)
 	if o.Cgroup != nil {
 		argv = o.Cgroup.Wrap(argv)
 	}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/lifecycle-agent/lifecycle-agent/internal/host/logindtest"
@@ -61,6 +62,18 @@ type IdleStats struct {
 	// ReadaheadKB is the read-ahead window of the binary's block device
 	// (-1: unknown): how much each page fault reads into the cache.
 	ReadaheadKB int64 `json:"readaheadKB"`
+	// After the window: an uncordon event for the idle agent, which has
+	// released its start-up pages (internal/agent/trim.go), and one more
+	// right after it. FirstClaimMs and SecondClaimMs are each claim's
+	// latency (create → Claimed seen by a watch), FirstTotalMs and
+	// SecondTotalMs to Succeeded and deleted; CgroupAfterEvents is the
+	// cgroup's memory after both (the events' code is resident again until
+	// the next trim).
+	FirstClaimMs      float64    `json:"firstClaimAfterIdleMs"`
+	FirstTotalMs      float64    `json:"firstTotalAfterIdleMs"`
+	SecondClaimMs     float64    `json:"secondClaimMs"`
+	SecondTotalMs     float64    `json:"secondTotalMs"`
+	CgroupAfterEvents *CgroupMem `json:"cgroupAfterEvents,omitempty"`
 }
 
 // Idle runs bin/lifecycle-agent (simulate mode, one node, the test logind
@@ -114,7 +127,8 @@ func Idle(ctx context.Context, dir, bin string, warmup, window time.Duration, wa
 	}
 	st.ReadaheadKB = ReadaheadKB(bin)
 	say("idle: %s of the binary's %s in the page cache at the start (%s before the drop); its device reads ahead %d KiB", mib(st.BinaryCachedAfter), mibFile(bin), mib(st.BinaryCachedBefore), st.ReadaheadKB)
-	d, err := StartDaemon(DaemonOptions{Bin: bin, Dir: filepath.Join(dir, "agent"), Node: node, Kubeconfig: kc, Bus: srv.Address(), Cgroup: cg})
+	d, err := StartDaemon(DaemonOptions{Bin: bin, Dir: filepath.Join(dir, "agent"), Node: node, Kubeconfig: kc, Bus: srv.Address(), Cgroup: cg,
+		Args: []string{"--event-retention", "0s"}}) // the events after the window are deleted when done
 	if err != nil {
 		return st, err
 	}
@@ -178,6 +192,40 @@ func Idle(ctx context.Context, dir, bin string, warmup, window time.Duration, wa
 	case <-d.exited:
 		return st, fmt.Errorf("bench: the agent exited during the window:\n%s", d.Log.String())
 	default:
+	}
+	// What the trim costs the next event: the first claim after the idle
+	// window faults the claim's code back in.
+	if err := env.WaitTransitions(ctx, node, "uncordon", 30*time.Second); err != nil {
+		return st, err
+	}
+	obs, err := env.Observe(ctx, nil)
+	if err != nil {
+		return st, err
+	}
+	for i, out := range [][2]*float64{{&st.FirstClaimMs, &st.FirstTotalMs}, {&st.SecondClaimMs, &st.SecondTotalMs}} {
+		name := fmt.Sprintf("after-idle-%d", i+1)
+		t0 := time.Now()
+		if err := env.CreateEvent(ctx, name, node, "uncordon", nil); err != nil {
+			return st, err
+		}
+		tc, err := obs.Claimed(ctx, name, 30*time.Second)
+		if err != nil {
+			return st, err
+		}
+		final, err := obs.Gone(ctx, name, 60*time.Second)
+		if err != nil {
+			return st, err
+		}
+		if !strings.HasPrefix(final, "Succeeded") {
+			return st, fmt.Errorf("bench: event %s ended %q", name, final)
+		}
+		*out[0], *out[1] = float64(tc.Sub(t0).Microseconds())/1000, float64(time.Since(t0).Microseconds())/1000
+	}
+	say("idle: after the window, the first claim took %.1f ms (to deleted %.1f ms), the next one %.1f ms (%.1f ms)", st.FirstClaimMs, st.FirstTotalMs, st.SecondClaimMs, st.SecondTotalMs)
+	if cg != nil {
+		if m, err := cg.Read(); err == nil {
+			st.CgroupAfterEvents = &m
+		}
 	}
 	return st, nil
 }

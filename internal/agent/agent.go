@@ -235,10 +235,22 @@ func Run(ctx context.Context, o Options) error {
 	if notifier != nil {
 		wakeNotifier = notifier.Wake
 	}
+	// The real daemon releases what it does not use once idle (trim.go);
+	// many agents in one process (benchmarks) do not.
+	var tr *trimmer
+	if !o.NoServers {
+		tr = newTrimmer(log, clk)
+		defer tr.stop()
+	}
 	eng, err := engine.New(engine.Config{
 		Node: cfg.NodeName, Identity: identity, FormerIdentities: former, API: api, Journal: j, Drivers: drv, Host: hostOps,
 		Clock: clk, Log: log, EventRetention: cfg.EventRetention, Metrics: metrics,
-		Notify:          func(s string) { notify("STATUS", s) },
+		Notify: func(s string) {
+			notify("STATUS", s)
+			if tr != nil {
+				tr.state(s)
+			}
+		},
 		UnfilteredWatch: o.UnfilteredWatch,
 		Windows:         cfg.Maintenance.Windows, Gates: gates,
 		Notices: wakeNotifier,

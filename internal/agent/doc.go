@@ -13,6 +13,11 @@
 //  4. run the engine: resume journal events, publish transitions, watch and
 //     claim this node's events.
 //
+// Once idle for a minute (and again after each event), the agent releases
+// the pages of its executable that start-up or the last event touched and
+// the heap it freed (trim.go): an idle agent is charged what its idle loop
+// uses, not its start-up.
+//
 // The control socket (socketPath, mode 0600, directory 0700) speaks HTTP:
 // GET /status returns the engine's Snapshot as JSON.
 package agent

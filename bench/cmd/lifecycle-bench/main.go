@@ -367,6 +367,14 @@ func idle(ctx context.Context, res *bench.Result, dir, bin string, warm, d time.
 			Measured: fmt.Sprintf("%.2f per minute", st.RequestsPerMin), Met: bench.Verdict(st.RequestsPerMin <= 1)},
 	}
 	res.Notes = append(res.Notes, fmt.Sprintf("idle: memory as systemd accounts a service: the agent started inside a memory cgroup of its own (%s), the figure its memory.current (v2) or memory.usage_in_bytes (v1) at the end, which counts the page cache the agent faulted in (its binary's pages) with its anonymous memory; RSS and PSS from /proc/<pid>/status and smaps_rollup beside it", cgroupNote(st)))
+	if st.FirstClaimMs > 0 {
+		after := "—"
+		if c := st.CgroupAfterEvents; c != nil {
+			after = fmt.Sprintf("%.1f MiB", m(c.Current))
+		}
+		res.Notes = append(res.Notes, fmt.Sprintf("idle: after the window, an uncordon event for the idle agent (its start-up pages released, internal/agent/trim.go): claimed in %.1f ms, Succeeded and deleted in %.1f ms; the next one right after: %.1f ms and %.1f ms; the cgroup's memory after both %s (until the next trim, a minute after the agent is idle again)",
+			st.FirstClaimMs, st.FirstTotalMs, st.SecondClaimMs, st.SecondTotalMs, after))
+	}
 	res.Notes = append(res.Notes, fmt.Sprintf("idle: measured after a %s warm-up; requests are the API server's APF count for node identities (the agent is the only one); CPU from /proc/<pid>/stat at USER_HZ resolution (10 ms)", warm))
 	return nil
 }
