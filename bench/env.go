@@ -184,6 +184,11 @@ type ServerCounters struct {
 	// apiserver_flowcontrol_request_wait_duration_seconds by priority
 	// level (time queued before execution).
 	APFWaitSum, APFWaitCount map[string]float64
+	// Watches is apiserver_request_total{verb="WATCH"} by resource, and
+	// TerminatedWatchers apiserver_terminated_watchers_total by resource:
+	// the watches the server's watch cache closed because their client
+	// did not take its events in time (why watches restart under load).
+	Watches, TerminatedWatchers map[string]float64
 }
 
 // MeanMs returns sum/count in milliseconds per key, for keys with a count.
@@ -225,13 +230,16 @@ func (c ServerCounters) Sub(o ServerCounters) ServerCounters {
 	sub(r.DurationCount, c.DurationCount, o.DurationCount)
 	sub(r.APFWaitSum, c.APFWaitSum, o.APFWaitSum)
 	sub(r.APFWaitCount, c.APFWaitCount, o.APFWaitCount)
+	sub(r.Watches, c.Watches, o.Watches)
+	sub(r.TerminatedWatchers, c.TerminatedWatchers, o.TerminatedWatchers)
 	return r
 }
 
 func newServerCounters() ServerCounters {
 	return ServerCounters{Requests: map[string]float64{}, FlowSchema: map[string]float64{},
 		DurationSum: map[string]float64{}, DurationCount: map[string]float64{},
-		APFWaitSum: map[string]float64{}, APFWaitCount: map[string]float64{}}
+		APFWaitSum: map[string]float64{}, APFWaitCount: map[string]float64{},
+		Watches: map[string]float64{}, TerminatedWatchers: map[string]float64{}}
 }
 
 // Scrape reads the counters from /metrics as admin (parsed by
@@ -272,6 +280,23 @@ func (e *Env) Scrape(ctx context.Context) (ServerCounters, error) {
 	sumBy(c.DurationCount, "apiserver_request_duration_seconds", "verb", hcount)
 	sumBy(c.APFWaitSum, "apiserver_flowcontrol_request_wait_duration_seconds", "priority_level", hsum)
 	sumBy(c.APFWaitCount, "apiserver_flowcontrol_request_wait_duration_seconds", "priority_level", hcount)
+	sumBy(c.TerminatedWatchers, "apiserver_terminated_watchers_total", "resource", counter)
+	if f := families["apiserver_request_total"]; f != nil {
+		for _, m := range f.GetMetric() {
+			verb, res := "", ""
+			for _, l := range m.GetLabel() {
+				switch l.GetName() {
+				case "verb":
+					verb = l.GetValue()
+				case "resource":
+					res = l.GetValue()
+				}
+			}
+			if verb == "WATCH" {
+				c.Watches[res] += counter(m)
+			}
+		}
+	}
 	return c, nil
 }
 

@@ -58,6 +58,11 @@ type Window struct {
 	// APFWaitMs is the mean time requests queued in API Priority and
 	// Fairness, by priority level.
 	APFWaitMs map[string]float64 `json:"apfWaitMeanMs"`
+	// Watches are the watches started, by resource, and
+	// TerminatedWatchers those the server's watch cache closed because
+	// their client fell behind (ServerCounters).
+	Watches            map[string]float64 `json:"watches"`
+	TerminatedWatchers map[string]float64 `json:"terminatedWatchers"`
 }
 
 // ScaleStats are Scale's measurements.
@@ -203,6 +208,7 @@ func Scale(ctx context.Context, o ScaleOptions) (ScaleStats, error) {
 		w.RPS = d.Total() / w.Seconds
 		w.NodeRPS = d.NodeRequests() / w.Seconds
 		w.Verbs = d.Requests
+		w.Watches, w.TerminatedWatchers = d.Watches, d.TerminatedWatchers
 		w.ServerMs = MeanMs(d.DurationSum, d.DurationCount)
 		delete(w.ServerMs, "WATCH")
 		w.APFWaitMs = MeanMs(d.APFWaitSum, d.APFWaitCount)
