@@ -91,7 +91,7 @@ func TestDoctorRBAC(t *testing.T) {
 		acc  []apiclient.Access
 		want string
 	}{
-		{name: "all granted", acc: all(func(apiclient.Permission) bool { return true }), want: "✓ rbac: all 24 permissions the agent needs are granted"},
+		{name: "all granted", acc: all(func(apiclient.Permission) bool { return true }), want: "✓ rbac: all 25 permissions the agent needs are granted"},
 		{
 			name: "no lease role and no status",
 			acc: all(func(p apiclient.Permission) bool {

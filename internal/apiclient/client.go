@@ -72,6 +72,8 @@ type Client struct {
 	nodeLease *v1alpha1.LifecycleLease // as our last write of it returned
 	condMu    sync.Mutex
 	nodeConds []corev1.NodeCondition // as our last condition patch returned
+
+	transitions transitionsHolder // WatchTransitions
 }
 
 // LoadConfig reads a kubeconfig file (the kubelet's, by default).

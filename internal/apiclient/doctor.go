@@ -191,7 +191,7 @@ func AgentPermissions(node string) []Permission {
 	add(Permission{Group: lc, Resource: "lifecycleevents", FieldSelector: bound}, "list", "watch")
 	add(Permission{Group: lc, Resource: "lifecycleevents"}, "update", "patch", "delete") // delete: eventRetention
 	add(Permission{Group: lc, Resource: "lifecycleevents", Subresource: "status"}, "update")
-	add(Permission{Group: lc, Resource: "lifecycletransitions"}, "get", "create", "delete", "list")
+	add(Permission{Group: lc, Resource: "lifecycletransitions"}, "get", "create", "delete", "list", "watch") // watch: the claim reads this node's from an informer
 	add(Permission{Group: lc, Resource: "lifecycleleases", Namespace: v1alpha1.SystemNamespace}, "get", "create", "update")
 	add(Permission{Resource: "nodes", Name: node}, "get", "patch")
 	add(Permission{Resource: "nodes", Subresource: "status", Name: node}, "patch")

@@ -44,8 +44,8 @@ func TestIdentityNodeName(t *testing.T) {
 
 func TestAgentPermissions(t *testing.T) {
 	ps := AgentPermissions("node-a")
-	if len(ps) != 24 {
-		t.Errorf("%d permissions, want 24", len(ps))
+	if len(ps) != 25 {
+		t.Errorf("%d permissions, want 25", len(ps))
 	}
 	seen := map[string]bool{}
 	for _, p := range ps {

@@ -154,8 +154,12 @@ func (c *Client) DeleteEvent(ctx context.Context, ev *v1alpha1.LifecycleEvent) e
 	return err
 }
 
-// GetTransition reads a transition.
+// GetTransition reads a transition: this node's from the informer
+// WatchTransitions keeps, others from the server.
 func (c *Client) GetTransition(ctx context.Context, name string) (*v1alpha1.LifecycleTransition, error) {
+	if t := c.cachedTransition(name); t != nil {
+		return t, nil
+	}
 	return c.LC.Transitions.Get(ctx, name, metav1.GetOptions{})
 }
 

@@ -34,9 +34,10 @@
 // asynchronous delivery took it down with the old boot
 // (test/crash TestRunningDeliveredBeforeReboot).
 //
-// API cost: the claim reads the transition (and the Node, for a
-// nodeSelector) and takes the Lease and the status with the copies the watch
-// and its own last writes hold, falling back to a read only on a conflict;
+// API cost: the claim takes this node's transition from an informer
+// (apiclient.WatchTransitions; a transition for several nodes is read, and
+// the Node too for a nodeSelector) and takes the Lease and the status with
+// the copies the watch and its own last writes hold, falling back to a read only on a conflict;
 // likewise status writes, the finalizer and Node conditions reuse what the
 // previous write returned. An event then costs, in writes: claim, Lease
 // taken and released, finalizer added and removed, the LifecycleTransition

@@ -224,6 +224,7 @@ func (e *Engine) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	e.cfg.API.WatchTransitions(ctx) // the claim reads this node's transitions from it
 	e.mu.Lock()
 	e.watch = w
 	e.mu.Unlock()

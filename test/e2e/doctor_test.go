@@ -97,7 +97,7 @@ func TestDoctor(t *testing.T) {
 	q := regexp.QuoteMeta
 	okAPI := map[string]string{
 		"identity":  q("✓ identity: system:node:" + node + " (groups system:nodes, system:authenticated)"),
-		"rbac":      q("✓ rbac: all 24 permissions the agent needs are granted"),
+		"rbac":      q("✓ rbac: all 25 permissions the agent needs are granted"),
 		"crds":      q("✓ crds: lifecycleevents, lifecycletransitions, lifecycleleases (lifecycle.x-k8s.io/v1alpha1) are served"),
 		"admission": q("✓ admission: ValidatingAdmissionPolicy lifecycle-agent-node-scope refuses writes for other nodes (dry run)"),
 		"clock":     q("✓ clock: within 1s of the API server's (limit 5s)"),
@@ -149,7 +149,7 @@ func TestDoctor(t *testing.T) {
 				"identity": q("✗ identity: alice (groups system:authenticated) is not system:node:" + node +
 					" in group system:nodes — fix: use the kubelet's kubeconfig or set kubeconfig"),
 				"rbac": q("✗ rbac: missing lifecycleevents get/list/watch/update/patch/delete, lifecycleevents/status update, "+
-					"lifecycletransitions get/create/delete/list, lifecycleleases get/create/update in lifecycle-system, nodes get/patch, "+
+					"lifecycletransitions get/create/delete/list/watch, lifecycleleases get/create/update in lifecycle-system, nodes get/patch, "+
 					"nodes/status patch, pods list/watch, pods/eviction create, daemonsets get, poddisruptionbudgets list/watch, events create in default") + q(fixManifests),
 				// alice may not list them, but discovery shows them.
 				"crds": okAPI["crds"],
