@@ -28,24 +28,9 @@ import (
 // agent ends the event Succeeded with one (simulated) reboot.
 func TestRunningDeliveredBeforeReboot(t *testing.T) {
 	ctx := context.Background()
-	node := "running-before-reboot"
-	chaosNode(t, node)
-	c := chaosCase(t, node, node+"-ev", agentConfig, env.NodeConfig(node))
-	lc, err := apiclient.NewLifecycleClients(env.AdminConfig())
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, lc := rebootCase(t, "running-before-reboot")
 	a := c.start(t, `engineBeforeStatusWrite=sleep(3000);engineBeforeSideEffect=3*off->panic("before the reboot")`)
-	tn := node + "-reboot"
-	waitFor(t, "transition published", 60*time.Second, a, func() bool {
-		_, err := lc.Transitions.Get(ctx, tn, metav1.GetOptions{})
-		return err == nil
-	})
-	ev := &v1alpha1.LifecycleEvent{ObjectMeta: metav1.ObjectMeta{Name: c.event},
-		Spec: v1alpha1.LifecycleEventSpec{TransitionName: tn, BindingNode: node}}
-	if _, err := lc.Events.Create(ctx, ev, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	c.createReboot(t, lc, a)
 	select {
 	case <-a.done:
 	case <-time.After(2 * time.Minute):
@@ -75,5 +60,35 @@ func TestRunningDeliveredBeforeReboot(t *testing.T) {
 	}
 	if reboots != 1 {
 		t.Errorf("%d simulated reboots for one event; want 1", reboots)
+	}
+}
+
+// rebootCase is a node with a kubelet stand-in and its agent's set-up, and
+// an admin client for its events.
+func rebootCase(t *testing.T, node string) (*crashCase, *apiclient.LifecycleClients) {
+	t.Helper()
+	chaosNode(t, node)
+	c := chaosCase(t, node, node+"-ev", agentConfig, env.NodeConfig(node))
+	lc, err := apiclient.NewLifecycleClients(env.AdminConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, lc
+}
+
+// createReboot creates the case's event, a reboot of its node, once agent
+// a has published the node's reboot transition.
+func (c *crashCase) createReboot(t *testing.T, lc *apiclient.LifecycleClients, a *agentProc) {
+	t.Helper()
+	ctx := context.Background()
+	tn := c.node + "-reboot"
+	waitFor(t, "transition published", 60*time.Second, a, func() bool {
+		_, err := lc.Transitions.Get(ctx, tn, metav1.GetOptions{})
+		return err == nil
+	})
+	ev := &v1alpha1.LifecycleEvent{ObjectMeta: metav1.ObjectMeta{Name: c.event},
+		Spec: v1alpha1.LifecycleEventSpec{TransitionName: tn, BindingNode: c.node}}
+	if _, err := lc.Events.Create(ctx, ev, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -12,7 +12,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/lifecycle-agent/lifecycle-agent/api/v1alpha1"
-	"github.com/lifecycle-agent/lifecycle-agent/internal/apiclient"
 )
 
 // TestIdleTrim: the built agent, idle for a minute, releases the pages its
@@ -22,13 +21,7 @@ import (
 // Succeeded.
 func TestIdleTrim(t *testing.T) {
 	ctx := context.Background()
-	node := "idle-trim"
-	chaosNode(t, node)
-	c := chaosCase(t, node, node+"-ev", agentConfig, env.NodeConfig(node))
-	lc, err := apiclient.NewLifecycleClients(env.AdminConfig())
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, lc := rebootCase(t, "idle-trim")
 	// Only clean pages can be dropped: a binary just linked may still
 	// have dirty ones in the page cache (an installed one has none).
 	f, err := os.Open(agentFP.Path)
@@ -67,12 +60,7 @@ func TestIdleTrim(t *testing.T) {
 		}
 	}
 
-	tn := node + "-reboot"
-	ev := &v1alpha1.LifecycleEvent{ObjectMeta: metav1.ObjectMeta{Name: c.event},
-		Spec: v1alpha1.LifecycleEventSpec{TransitionName: tn, BindingNode: node}}
-	if _, err := lc.Events.Create(ctx, ev, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	c.createReboot(t, lc, a)
 	waitFor(t, "the event after the trim to succeed", time.Minute, a, func() bool {
 		got, err := lc.Events.Get(ctx, c.event, metav1.GetOptions{})
 		return err == nil && got.Status.ClaimStatus == v1alpha1.LifecycleEventSucceeded
