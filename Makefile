@@ -148,6 +148,17 @@ VM_TEST_TIMEOUT ?= 60m
 # step Running on the API (the status write of a step's Running goes out
 # through the outbox, not before the step acts; the event Succeeded
 # without it), so make test exited 2 there (it passed in the warm run).
+# Fixed in 67d0e77: a step with a Done check waits (at most 10 s, not
+# while the API is unreachable) for its Running's delivery before it acts.
+# Warm again, quiet, 2026-12-06 at d0f64d7, clean worktree: **35m22s**
+# wall, 52.4 CPU-minutes, every test passed. test/vm 32m46s: harness
+# 4m37s, (g) 3m40s + 1m47s + 2m08s, TestRealNode 8m18s ((i) 35s, (k)
+# 2m20s, (l) 2m28s, (j) 1m18s), (a) 1m25s, (b) 1m25s, (c) 2m17s, (d)
+# 2m02s, (e) 1m28s, (h) 1m10s, (f) 2m14s; beside it the Go tests
+# (test/e2e 10m39s, test/crash 6m22s, test/packaging 2m18s, test/docs
+# 1m25s, test/plugin from Go's test cache); then bench-ci 1m. A run at
+# f26f3c7 an hour before (33m43s) failed only test/docs TestHeartbeat,
+# whose assertion on printed seconds was fixed in d0f64d7.
 # VM_TESTS narrows it (a go test -run pattern) when working on one scenario.
 VM_TESTS ?= .
 
