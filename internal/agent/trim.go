@@ -18,7 +18,7 @@ import (
 
 // trimAfterIdle is how long the engine must have been idle before the
 // agent releases the pages its start-up and its last event touched;
-// dropAgainAfter is when, still idle, it drops once more what read-ahead
+// every dropAgainAfter while still idle it drops again what read-ahead
 // brought back meanwhile.
 const (
 	trimAfterIdle  = time.Minute
@@ -42,14 +42,14 @@ const (
 //
 // From then on the executable's mappings are MADV_RANDOM: a fault reads
 // its page, not a read-ahead window (on executable mappings some kernels
-// read ahead anyway, so dropAgainAfter later, still idle, the unmapped
-// cache is dropped once more). What the idle loop runs faults back in at
+// read ahead anyway, so every dropAgainAfter while still idle the
+// unmapped cache is dropped again: a fadvise call, no reads). What the idle loop runs faults back in at
 // once; an event's code comes back from the file when the next event runs:
 // the first claim after a trim is slower (benchmarks section 5 has the
 // figure), the next ones are not.
 //
-// At most once per idle period: it starts when the engine says "idle" and
-// is cancelled by any other state. Nothing is trimmed before the first
+// The trim comes once per idle period: it starts when the engine says
+// "idle" and is cancelled by any other state. Nothing is trimmed before the first
 // idle (start-up work in progress) or while an event runs. A kernel
 // without MADV_PAGEOUT (before 5.4) refuses it; the agent logs that at
 // debug level and goes on.
@@ -84,23 +84,23 @@ func (t *trimmer) state(s string) {
 	go t.idle(cancel)
 }
 
-// idle runs one idle period's trims unless cancel closes first.
+// idle runs one idle period's trim, then the drop of the unmapped cache
+// every dropAgainAfter, until cancel closes.
 func (t *trimmer) idle(cancel <-chan struct{}) {
-	for _, step := range []struct {
-		after time.Duration
-		run   func()
-	}{{trimAfterIdle, t.do}, {dropAgainAfter, t.again}} {
+	run, after := t.do, trimAfterIdle
+	for {
 		select {
 		case <-cancel:
 			return
-		case <-t.clock.After(step.after):
+		case <-t.clock.After(after):
 		}
 		select {
 		case <-cancel: // an event began as the timer fired
 			return
 		default:
 		}
-		step.run()
+		run()
+		run, after = t.again, dropAgainAfter
 	}
 }
 

@@ -13,9 +13,9 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 )
 
-// The trim comes once the engine has been idle for trimAfterIdle, the
-// second drop dropAgainAfter later, once per idle period, and never while
-// an event runs or after the agent stopped.
+// The trim comes once the engine has been idle for trimAfterIdle, once per
+// idle period; the drop of the unmapped cache every dropAgainAfter after
+// it; neither while an event runs or after the agent stopped.
 func TestTrimAfterIdle(t *testing.T) {
 	clk := clocktesting.NewFakeClock(time.Date(2026, 12, 6, 12, 0, 0, 0, time.UTC))
 	tr := newTrimmer(slog.New(slog.NewTextHandler(io.Discard, nil)), clk)
@@ -54,27 +54,27 @@ func TestTrimAfterIdle(t *testing.T) {
 	want(1, 0)
 	step(dropAgainAfter, true)
 	want(1, 1)
-	step(10*dropAgainAfter, false)
-	want(1, 1) // once per idle period
+	step(dropAgainAfter, true)
+	want(1, 2) // the trim once per idle period, the drop every dropAgainAfter
 
 	tr.state("event e: step cordon") // an event before the minute is up
 	tr.state("idle")
 	step(trimAfterIdle/2, true)
 	tr.state("event f: step cordon")
 	step(2*trimAfterIdle, false)
-	want(1, 1)
+	want(1, 2)
 	tr.state("idle")
 	step(trimAfterIdle, true)
-	want(2, 1)
-	tr.state("event g: step cordon") // before the second drop
+	want(2, 2)
+	tr.state("event g: step cordon") // before the next drop
 	step(dropAgainAfter, false)
-	want(2, 1)
+	want(2, 2)
 
 	tr.state("idle")
 	step(time.Second, true)
 	tr.stop() // the agent stops: nothing pending runs
 	step(2*trimAfterIdle, false)
-	want(2, 1)
+	want(2, 2)
 }
 
 // pageOutExecutable releases this (test) binary's read-only pages: the
