@@ -89,10 +89,12 @@ func (t *trimmer) state(s string) {
 func (t *trimmer) idle(cancel <-chan struct{}) {
 	run, after := t.do, trimAfterIdle
 	for {
+		tm := t.clock.NewTimer(after)
 		select {
 		case <-cancel:
+			tm.Stop() // no timer is left behind by a cancelled period
 			return
-		case <-t.clock.After(after):
+		case <-tm.C():
 		}
 		select {
 		case <-cancel: // an event began as the timer fired
@@ -202,13 +204,16 @@ func pageOutExecutable() (int, error) {
 }
 
 // residentKiB is this process's resident set (VmRSS), 0 if unknown.
-func residentKiB() int {
+func residentKiB() int { return statusKiB("VmRSS") }
+
+// statusKiB is a "<field>: N kB" line of /proc/self/status, 0 if unknown.
+func statusKiB(field string) int {
 	b, err := os.ReadFile("/proc/self/status")
 	if err != nil {
 		return 0
 	}
 	for _, l := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(l, "VmRSS:"); ok {
+		if v, ok := strings.CutPrefix(l, field+":"); ok {
 			n, _ := strconv.Atoi(strings.TrimSuffix(strings.TrimSpace(v), " kB"))
 			return n
 		}

@@ -4,8 +4,6 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"strconv"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -115,21 +113,11 @@ func TestPageOutExecutable(t *testing.T) {
 
 func rssFileKiB(t *testing.T) int {
 	t.Helper()
-	b, err := os.ReadFile("/proc/self/status")
-	if err != nil {
-		t.Fatal(err)
+	n := statusKiB("RssFile")
+	if n == 0 {
+		t.Fatal("no RssFile in /proc/self/status")
 	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(l, "RssFile:"); ok {
-			n, err := strconv.Atoi(strings.TrimSuffix(strings.TrimSpace(v), " kB"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			return n
-		}
-	}
-	t.Fatal("no RssFile in /proc/self/status")
-	return 0
+	return n
 }
 
 func exeMiB(t *testing.T) int64 {
