@@ -72,7 +72,9 @@
 // A hidden command may prepare what its sample needs (docs/plugin.md's
 // uncordon the node first, and sleep a second where kubectl lifecycle
 // history, which orders by whole-second completion times and then by
-// name, would otherwise list two events of the same second by name).
+// name, would otherwise list two events of the same second by name; for
+// the same reason each command of the other files starts in a wall-clock
+// second after the one the previous command ended in).
 // For the samples of failing doctor checks the commands see
 // DOCS_LOGIND_SHORT (a second private logind, InhibitDelayMaxSec 2s) and
 // DOCS_CONFIG_CORRUPT_JOURNAL (the node's configuration with a corrupt

@@ -317,6 +317,12 @@ drain:
 	}
 
 	// The docs' sample outputs.
+	lastEnd := time.Now() // the quick start's last command ended
+	nextSecond := func() {
+		if next := lastEnd.Truncate(time.Second).Add(time.Second); time.Now().Before(next) {
+			time.Sleep(time.Until(next))
+		}
+	}
 	present := strings.NewReplacer(
 		cfgPath, "/etc/lifecycle-agent/config.yaml",
 		corruptCfg, "/etc/lifecycle-agent/config.yaml",
@@ -335,6 +341,15 @@ drain:
 		quickstart: cmds,
 		outputs:    outputs,
 		run: func(text string) string {
+			// kubectl lifecycle history orders by whole-second completion
+			// times, then by name: an event completing in the second the
+			// previous command's event completed in would be listed by
+			// name, not in the order it ran (the quick start's uncordon,
+			// then docs/pipelines.md's drain, swapped now and then in
+			// docs/plugin.md's history). Each command starts in a second
+			// of its own.
+			nextSecond()
+			defer func() { lastEnd = time.Now() }()
 			code, out := runCommand(ctx, text, work, environ)
 			t.Logf("docs sample: $ %s\n%s(exit %d)", text, out, code)
 			return out
