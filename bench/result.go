@@ -198,9 +198,10 @@ func MergeTable(old, next string) string {
 		have[r.id] = true
 	}
 	rows := nRows
+	kept := false
 	for _, r := range oRows {
 		if !have[r.id] {
-			rows = append(rows, r)
+			rows, kept = append(rows, r), true
 		}
 	}
 	sort.SliceStable(rows, func(i, j int) bool { return lessID(rows[i].id, rows[j].id) })
@@ -209,10 +210,22 @@ func MergeTable(old, next string) string {
 	for _, r := range rows {
 		b.WriteString(r.line + "\n")
 	}
+	// The machine line names the machines of the rows shown: the earlier
+	// ones only while a row of theirs is kept, each once.
+	const tail = " Load average at the start of each run is in its JSON result."
 	machine := nMachine
-	if oMachine != "" && oMachine != nMachine {
-		machine = strings.TrimSuffix(nMachine, " Load average at the start of each run is in its JSON result.") +
-			" Earlier rows: " + strings.TrimPrefix(oMachine, "Machine: ")
+	if kept && oMachine != "" {
+		cur := strings.TrimSuffix(strings.TrimPrefix(nMachine, "Machine: "), tail)
+		var earlier []string
+		for _, m := range strings.Split(strings.TrimSuffix(strings.TrimPrefix(oMachine, "Machine: "), tail), " Earlier rows: ") {
+			m = strings.TrimSuffix(m, ".")
+			if m != strings.TrimSuffix(cur, ".") && !slices.Contains(earlier, m) {
+				earlier = append(earlier, m)
+			}
+		}
+		if len(earlier) > 0 {
+			machine = "Machine: " + strings.TrimSuffix(cur, ".") + ". Earlier rows: " + strings.Join(earlier, "; ") + "." + tail
+		}
 	}
 	fmt.Fprintf(&b, "\n%s\n", machine)
 	for _, n := range oNotes {

@@ -33,6 +33,20 @@ func TestMergeTable(t *testing.T) {
 	if i, j, k := strings.Index(got, "| 1a"), strings.Index(got, "| 6 "), strings.Index(got, "| 8a"); !(i < j && j < k) {
 		t.Errorf("rows out of order:\n%s", got)
 	}
+	// Merged again with the same partial run: the earlier machine is named
+	// once, not once more per merge.
+	again := MergeTable(got, next)
+	if n := strings.Count(again, "Earlier rows"); n != 1 || strings.Count(again, "Linux 6.1,") != 1 {
+		t.Errorf("merged twice: the machine line repeats (%d× \"Earlier rows\"):\n%s", n, again)
+	}
+	// A full run keeps no earlier row, so no earlier machine either.
+	full := hdr + "| 1a | claim | p99 ≤ 25 ms | p99 40 ms | missed | `c` | 2026-12-06 14:00Z, 3m50s |\n" +
+		"| 6 | drain | ≤ 0.5 | ratio 0.37 | met | `d` | 2026-12-06 14:20Z, 2m17s |\n" +
+		"| 8a | journal | — | p99 1.1 ms | n/a | `j` | 2026-12-06 14:30Z, 24s |\n" +
+		"\nMachine: 2× AMD EPYC, 23.5 GiB, Linux 6.18, go1.26.8. Load average at the start of each run is in its JSON result.\n"
+	if all := MergeTable(again, full); strings.Contains(all, "Earlier rows") || strings.Contains(all, "Linux 6.1,") {
+		t.Errorf("a full run's table still names the earlier machine:\n%s", all)
+	}
 }
 
 // TestReadProcPSS: this process's PSS is read from smaps_rollup, split
