@@ -63,6 +63,16 @@ type Window struct {
 	// their client fell behind (ServerCounters).
 	Watches            map[string]float64 `json:"watches"`
 	TerminatedWatchers map[string]float64 `json:"terminatedWatchers"`
+	// Received are the changes the watch cache offered to every watcher
+	// of their resource, Sent the events that passed a watcher's selector
+	// (ServerCounters, with Dispatched), by resource.
+	Received   map[string]float64 `json:"watchCacheReceived"`
+	Dispatched map[string]float64 `json:"watchCacheDispatched"`
+	Sent       map[string]float64 `json:"watchEventsSent"`
+	// APIServerCPUSeconds is the window's increase of the API server's own
+	// process_cpu_seconds_total (the portable figure; APIServerCPUPct is
+	// the same process's CPU read from /proc).
+	APIServerCPUSeconds float64 `json:"apiserverCpuSeconds"`
 }
 
 // ScaleStats are Scale's measurements.
@@ -82,6 +92,15 @@ type ScaleStats struct {
 	APIServerPeakRSS int64 `json:"apiserverPeakRssBytes"`
 	EtcdRSS          int64 `json:"etcdRssBytes"`
 	BenchRSS         int64 `json:"benchRssBytes"`
+	// Per event of the busy window, from the API server's own metrics:
+	// its CPU seconds above its idle rate (the idle window's
+	// process_cpu_seconds_total per second, times the busy window's
+	// length, taken off), the LifecycleEvent changes its watch cache
+	// received (each offered to all N agents' watches: the fan-out), and
+	// the LifecycleEvent watches it started (restarts, mostly).
+	CPUSecondsPerEvent float64 `json:"apiserverCpuSecondsPerEvent"`
+	ChangesPerEvent    float64 `json:"lifecycleEventChangesPerEvent"`
+	WatchesPerEvent    float64 `json:"lifecycleEventWatchesPerEvent"`
 }
 
 // Scale runs N agents, each a goroutine of this process with its own
@@ -209,6 +228,7 @@ func Scale(ctx context.Context, o ScaleOptions) (ScaleStats, error) {
 		w.NodeRPS = d.NodeRequests() / w.Seconds
 		w.Verbs = d.Requests
 		w.Watches, w.TerminatedWatchers = d.Watches, d.TerminatedWatchers
+		w.Received, w.Dispatched, w.Sent, w.APIServerCPUSeconds = d.Received, d.Dispatched, d.Sent, d.CPUSeconds
 		w.ServerMs = MeanMs(d.DurationSum, d.DurationCount)
 		delete(w.ServerMs, "WATCH")
 		w.APFWaitMs = MeanMs(d.APFWaitSum, d.APFWaitCount)
@@ -285,6 +305,15 @@ func Scale(ctx context.Context, o ScaleOptions) (ScaleStats, error) {
 		return st, err
 	}
 	st.Claim, st.Condition = Summarize(claims), Summarize(conds)
+	if n := float64(rounds * k); n > 0 {
+		idle := 0.0
+		if st.Idle.Seconds > 0 {
+			idle = st.Idle.APIServerCPUSeconds / st.Idle.Seconds * st.Events.Seconds
+		}
+		st.CPUSecondsPerEvent = (st.Events.APIServerCPUSeconds - idle) / n
+		st.ChangesPerEvent = st.Events.Received["lifecycleevents"] / n
+		st.WatchesPerEvent = st.Events.Watches["lifecycleevents"] / n
+	}
 	_, last, peak := apiSampler.Stop()
 	st.APIServerRSS, st.APIServerPeakRSS = last.RSS, peak
 	if p, err := ReadProc(etcdPID); err == nil {

@@ -258,7 +258,9 @@ func scale(ctx context.Context, res *bench.Result, dir, ns, modes string, sample
 				Goal: goal,
 				Measured: fmt.Sprintf("claim p50 %s, p99 %s (n=%d); apiserver CPU %.0f%% idle / %.0f%% events, RSS %s (peak %s); %.1f req/s idle (agents %.2f) / %.1f req/s events (agents %.1f); agents up in %.0f s",
 					ms(st.Claim.P50), ms(st.Claim.P99), st.Claim.N, st.Idle.APIServerCPUPct, st.Events.APIServerCPUPct, mib(st.APIServerRSS), mib(st.APIServerPeakRSS),
-					st.Idle.RPS, st.Idle.NodeRPS, st.Events.RPS, st.Events.NodeRPS, st.StartSec),
+					st.Idle.RPS, st.Idle.NodeRPS, st.Events.RPS, st.Events.NodeRPS, st.StartSec) +
+					fmt.Sprintf("; per event (the server's metrics): %.3f apiserver CPU-s above idle, %.1f LifecycleEvent changes (each offered to %d watches: %.0f selector checks), %.1f LifecycleEvent watches started",
+						st.CPUSecondsPerEvent, st.ChangesPerEvent, n, st.ChangesPerEvent*float64(n), st.WatchesPerEvent),
 				Met: met})
 			progress("scale: N=%d %s: claim %s", n, mode, st.Claim)
 		}
