@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"slices"
 	"sort"
 	"strings"
@@ -24,14 +25,18 @@ type Row struct {
 
 // Result is what one scenario run produced.
 type Result struct {
-	Scenario string         `json:"scenario"`
-	Command  string         `json:"command"`
-	Started  time.Time      `json:"started"`
-	Duration string         `json:"duration"`
-	Machine  Machine        `json:"machine"`
-	Rows     []Row          `json:"rows"`
-	Notes    []string       `json:"notes,omitempty"`
-	Data     map[string]any `json:"data,omitempty"`
+	Scenario string    `json:"scenario"`
+	Command  string    `json:"command"`
+	Started  time.Time `json:"started"`
+	Duration string    `json:"duration"`
+	// Commit is the commit lifecycle-bench was built from (Go's VCS stamp,
+	// BuildCommit), "-dirty" when the tree had uncommitted changes; empty
+	// when the binary carries no stamp (go run, go test).
+	Commit  string         `json:"commit,omitempty"`
+	Machine Machine        `json:"machine"`
+	Rows    []Row          `json:"rows"`
+	Notes   []string       `json:"notes,omitempty"`
+	Data    map[string]any `json:"data,omitempty"`
 }
 
 // Verdict turns a comparison into Row.Met.
@@ -106,8 +111,12 @@ func RenderTable(dir string) (string, error) {
 	var b strings.Builder
 	b.WriteString("| # | benchmark | goal | measured | goal met | command | run |\n|---|---|---|---|---|---|---|\n")
 	for _, l := range lines {
-		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | `%s` | %s, %s |\n", l.row.ID, esc(l.row.What), esc(l.row.Goal), esc(l.row.Measured),
-			l.row.Met, esc(l.res.Command), l.res.Started.UTC().Format("2006-01-02 15:04Z"), l.res.Duration)
+		run := l.res.Started.UTC().Format("2006-01-02 15:04Z") + ", " + l.res.Duration
+		if l.res.Commit != "" {
+			run += ", " + l.res.Commit
+		}
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | `%s` | %s |\n", l.row.ID, esc(l.row.What), esc(l.row.Goal), esc(l.row.Measured),
+			l.row.Met, esc(l.res.Command), run)
 	}
 	machines := map[string]bool{}
 	for _, r := range results {
@@ -280,4 +289,31 @@ func CurrentTable(path string) (string, error) {
 		return "", fmt.Errorf("bench: %s has no results markers (%q … %q)", path, TableBegin, TableEnd)
 	}
 	return s[i+len(TableBegin) : j], nil
+}
+
+// BuildCommit is the commit in bi's VCS stamp, shortened to 7 characters,
+// with "-dirty" when the tree was modified; "" without a stamp.
+func BuildCommit(bi *debug.BuildInfo) string {
+	if bi == nil {
+		return ""
+	}
+	rev, dirty := "", false
+	for _, st := range bi.Settings {
+		switch st.Key {
+		case "vcs.revision":
+			rev = st.Value
+		case "vcs.modified":
+			dirty = st.Value == "true"
+		}
+	}
+	if rev == "" {
+		return ""
+	}
+	if len(rev) > 7 {
+		rev = rev[:7]
+	}
+	if dirty {
+		rev += "-dirty"
+	}
+	return rev
 }

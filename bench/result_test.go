@@ -2,6 +2,7 @@ package bench
 
 import (
 	"os"
+	"runtime/debug"
 	"strings"
 	"testing"
 )
@@ -58,5 +59,42 @@ func TestReadProcPSS(t *testing.T) {
 	}
 	if s.Pss <= 0 || s.PssAnon <= 0 || s.PssAnon+s.PssFile > s.Pss+4096 || s.Pss > s.RSS {
 		t.Fatalf("RSS %d, PSS %d (anon %d, file %d): want 0 < PSS ≤ RSS, parts summing to PSS", s.RSS, s.Pss, s.PssAnon, s.PssFile)
+	}
+}
+
+// TestBuildCommit: the run column names the commit the benchmark was built
+// from, marked dirty when the tree was, and nothing without a VCS stamp.
+func TestBuildCommit(t *testing.T) {
+	stamp := func(kv ...string) *debug.BuildInfo {
+		bi := &debug.BuildInfo{}
+		for i := 0; i+1 < len(kv); i += 2 {
+			bi.Settings = append(bi.Settings, debug.BuildSetting{Key: kv[i], Value: kv[i+1]})
+		}
+		return bi
+	}
+	for _, c := range []struct {
+		bi   *debug.BuildInfo
+		want string
+	}{
+		{stamp("vcs.revision", "b0073a4c1d2e3f", "vcs.modified", "false"), "b0073a4"},
+		{stamp("vcs.revision", "b0073a4c1d2e3f", "vcs.modified", "true"), "b0073a4-dirty"},
+		{stamp("-tags", "x"), ""},
+		{nil, ""},
+	} {
+		if got := BuildCommit(c.bi); got != c.want {
+			t.Errorf("BuildCommit(%v) = %q, want %q", c.bi, got, c.want)
+		}
+	}
+	dir := t.TempDir()
+	r := &Result{Scenario: "claim", Command: "c", Commit: "b0073a4", Rows: []Row{{ID: "1a", What: "w", Goal: "g", Measured: "m", Met: "met"}}}
+	if _, err := r.Write(dir); err != nil {
+		t.Fatal(err)
+	}
+	table, err := RenderTable(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(table, ", b0073a4 |") {
+		t.Errorf("the run column does not name the commit:\n%s", table)
 	}
 }

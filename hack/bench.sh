@@ -36,7 +36,12 @@ SCALE_DIAG="${BENCH_SCALE_DIAG:-0}"
 
 [[ -x bin/lifecycle-agent ]] || die "bin/lifecycle-agent not found: run make build (make bench does)"
 log "building bin/lifecycle-bench"
-"$GO" build -tags "$TAGS" -o bin/lifecycle-bench ./bench/cmd/lifecycle-bench
+# Stamped with the commit (each JSON result and the table's run column name
+# it); where git cannot stamp it (no .git, another owner), unstamped.
+if ! "$GO" build -buildvcs=true -tags "$TAGS" -o bin/lifecycle-bench ./bench/cmd/lifecycle-bench 2>/dev/null; then
+  log "WARNING: cannot stamp bin/lifecycle-bench with the git commit; the results will not name it"
+  "$GO" build -buildvcs=false -tags "$TAGS" -o bin/lifecycle-bench ./bench/cmd/lifecycle-bench
+fi
 
 # kubectl at the agent's client-go version (k8s.io/client-go v0.X.Y is
 # Kubernetes v1.X.Y), from k8s.io/kubernetes/cmd/kubectl. The module

@@ -15,6 +15,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"strings"
 	"syscall"
 	"time"
@@ -81,7 +82,8 @@ func run(ctx context.Context, args []string) error {
 		dir = d
 	}
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	res := &bench.Result{Scenario: name, Command: strings.TrimSpace("bin/lifecycle-bench " + name + " " + strings.Join(rest, " ")), Started: time.Now(), Machine: bench.ThisMachine()}
+	bi, _ := debug.ReadBuildInfo()
+	res := &bench.Result{Scenario: name, Command: strings.TrimSpace("bin/lifecycle-bench " + name + " " + strings.Join(rest, " ")), Started: time.Now(), Commit: bench.BuildCommit(bi), Machine: bench.ThisMachine()}
 	var runner func() error
 	switch name {
 	case "claim":
