@@ -98,3 +98,23 @@ func TestBuildCommit(t *testing.T) {
 		t.Errorf("the run column does not name the commit:\n%s", table)
 	}
 }
+
+// TestScalePerEvent: the per-event figures of a scale run take the API
+// server's idle rate off its busy-window CPU and divide by the events.
+func TestScalePerEvent(t *testing.T) {
+	st := ScaleStats{
+		Idle: Window{Seconds: 30, APIServerCPUSeconds: 3}, // 0.1 CPU-s a second idle
+		Events: Window{Seconds: 20, APIServerCPUSeconds: 22, // 2 of them idle
+			Received: map[string]float64{"lifecycleevents": 1200, "nodes": 400},
+			Watches:  map[string]float64{"lifecycleevents": 6000}},
+	}
+	st.perEvent(200)
+	if st.CPUSecondsPerEvent != 0.1 || st.ChangesPerEvent != 6 || st.WatchesPerEvent != 30 {
+		t.Errorf("per event: CPU %v (want 0.1), changes %v (want 6), watches %v (want 30)", st.CPUSecondsPerEvent, st.ChangesPerEvent, st.WatchesPerEvent)
+	}
+	none := ScaleStats{Events: Window{Seconds: 20, APIServerCPUSeconds: 22}}
+	none.perEvent(0)
+	if none.CPUSecondsPerEvent != 0 {
+		t.Errorf("no events: CPU per event %v, want 0", none.CPUSecondsPerEvent)
+	}
+}

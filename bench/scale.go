@@ -305,15 +305,7 @@ func Scale(ctx context.Context, o ScaleOptions) (ScaleStats, error) {
 		return st, err
 	}
 	st.Claim, st.Condition = Summarize(claims), Summarize(conds)
-	if n := float64(rounds * k); n > 0 {
-		idle := 0.0
-		if st.Idle.Seconds > 0 {
-			idle = st.Idle.APIServerCPUSeconds / st.Idle.Seconds * st.Events.Seconds
-		}
-		st.CPUSecondsPerEvent = (st.Events.APIServerCPUSeconds - idle) / n
-		st.ChangesPerEvent = st.Events.Received["lifecycleevents"] / n
-		st.WatchesPerEvent = st.Events.Watches["lifecycleevents"] / n
-	}
+	st.perEvent(rounds * k)
 	_, last, peak := apiSampler.Stop()
 	st.APIServerRSS, st.APIServerPeakRSS = last.RSS, peak
 	if p, err := ReadProc(etcdPID); err == nil {
@@ -323,4 +315,22 @@ func Scale(ctx context.Context, o ScaleOptions) (ScaleStats, error) {
 		st.BenchRSS = p.RSS
 	}
 	return st, nil
+}
+
+// perEvent sets the per-event figures from the windows' server counters
+// for events events: the API server's CPU seconds above its idle rate (the
+// idle window's per second, times the busy window's length, taken off),
+// and the LifecycleEvent changes and watches.
+func (st *ScaleStats) perEvent(events int) {
+	if events <= 0 {
+		return
+	}
+	n := float64(events)
+	idle := 0.0
+	if st.Idle.Seconds > 0 {
+		idle = st.Idle.APIServerCPUSeconds / st.Idle.Seconds * st.Events.Seconds
+	}
+	st.CPUSecondsPerEvent = (st.Events.APIServerCPUSeconds - idle) / n
+	st.ChangesPerEvent = st.Events.Received["lifecycleevents"] / n
+	st.WatchesPerEvent = st.Events.Watches["lifecycleevents"] / n
 }
