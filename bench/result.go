@@ -127,7 +127,7 @@ func RenderTable(dir string) (string, error) {
 		ms = append(ms, m)
 	}
 	sort.Strings(ms)
-	fmt.Fprintf(&b, "\nMachine: %s. Load average at the start of each run is in its JSON result.\n", strings.Join(ms, "; "))
+	fmt.Fprintf(&b, "\nMachine: %s.%s\n", strings.Join(ms, "; "), machineTail)
 	sort.Slice(results, func(i, j int) bool { return results[i].Scenario < results[j].Scenario })
 	for _, r := range results {
 		if len(r.Notes) == 0 {
@@ -196,6 +196,9 @@ func ReplaceTable(path, table string) error {
 	return os.Rename(tmp, path)
 }
 
+// machineTail ends RenderTable's machine line (MergeTable reads it back).
+const machineTail = " Load average at the start of each run is in its JSON result."
+
 // MergeTable keeps what a partial run (BENCH_ONLY) did not measure: rows of
 // old whose IDs next has not, the notes of scenarios next has none of, and
 // old's machine line when next's differs. Both are RenderTable outputs.
@@ -221,19 +224,18 @@ func MergeTable(old, next string) string {
 	}
 	// The machine line names the machines of the rows shown: the earlier
 	// ones only while a row of theirs is kept, each once.
-	const tail = " Load average at the start of each run is in its JSON result."
 	machine := nMachine
 	if kept && oMachine != "" {
-		cur := strings.TrimSuffix(strings.TrimPrefix(nMachine, "Machine: "), tail)
+		cur := strings.TrimSuffix(strings.TrimPrefix(nMachine, "Machine: "), machineTail)
 		var earlier []string
-		for _, m := range strings.Split(strings.TrimSuffix(strings.TrimPrefix(oMachine, "Machine: "), tail), " Earlier rows: ") {
+		for _, m := range strings.Split(strings.TrimSuffix(strings.TrimPrefix(oMachine, "Machine: "), machineTail), " Earlier rows: ") {
 			m = strings.TrimSuffix(m, ".")
 			if m != strings.TrimSuffix(cur, ".") && !slices.Contains(earlier, m) {
 				earlier = append(earlier, m)
 			}
 		}
 		if len(earlier) > 0 {
-			machine = "Machine: " + strings.TrimSuffix(cur, ".") + ". Earlier rows: " + strings.Join(earlier, "; ") + "." + tail
+			machine = "Machine: " + strings.TrimSuffix(cur, ".") + ". Earlier rows: " + strings.Join(earlier, "; ") + "." + machineTail
 		}
 	}
 	fmt.Fprintf(&b, "\n%s\n", machine)
