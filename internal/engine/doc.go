@@ -46,7 +46,11 @@
 // state, one Kubernetes Event with the outcome (and a Warning per failed
 // step), and the driver's own writes (cordon, evictions). docs/benchmarks.md
 // section 7 has the counts per driver and, for each of these writes, the
-// test that fails without it.
+// test that fails without it. An event this process has finished is never
+// claimed again from the watch's copy: a watch that runs behind our own
+// writes still shows it Pending, and the guarded claim would be refused
+// only after the slot and the node Lease had been taken for it (writes for
+// nothing, and a slot left held; TestNoClaimFromAStaleWatch).
 //
 // Replay: at start every unfinished journal event resumes. Steps whose done
 // record is committed are skipped; a step whose intent is committed but not

@@ -267,6 +267,7 @@ func (e *Engine) finish(ctx context.Context, a *active, outcome journal.Outcome,
 	if !e.durably(ctx, a, "its move to history", func() error { return e.cfg.Journal.FinishEvent(a.uid, outcome, truncate(msg)) }) {
 		return
 	}
+	e.ended[a.uid] = e.cfg.Clock.Now()
 	e.cfg.Metrics.Events.WithLabelValues(a.driver.Short(), ended).Inc()
 	e.log.Info("event finished", "event", a.name, "outcome", ended, "message", msg)
 	e.setState("idle")

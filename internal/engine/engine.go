@@ -82,8 +82,15 @@ type Engine struct {
 	flushWake chan struct{}
 	flushed   chan struct{}        // poked after each outbox delivery (finish waits on it)
 	deleted   map[string]time.Time // UIDs collect deleted, until the watch catches up
-	nextUndo  time.Time            // when retryLeftoverUndo looks again
-	orphanAt  map[string]time.Time // releaseOrphans: when it last tried each event (by UID)
+	// ended: UIDs of the events finish moved to history, and when. The
+	// watch can run behind our own writes (a loaded server: seconds at
+	// 1,000 agents) and still show an event just finished as it was
+	// created, Pending; it is never claimed again from that copy
+	// (candidates) nor released as an orphan (releaseOrphans). Kept 10
+	// minutes; past that the claim's resourceVersion guard still refuses.
+	ended    map[string]time.Time
+	nextUndo time.Time            // when retryLeftoverUndo looks again
+	orphanAt map[string]time.Time // releaseOrphans: when it last tried each event (by UID)
 	// planned is the event whose MaintenancePlanned=True the Node shows
 	// (queueForSlot); plannedRead: the Node was read for it since the start.
 	planned     string
@@ -134,7 +141,8 @@ func New(cfg Config) (*Engine, error) {
 		cfg.Metrics = NewMetrics(nil)
 	}
 	e := &Engine{cfg: cfg, log: cfg.Log, drivers: map[string]drivers.Driver{},
-		wake: make(chan struct{}, 1), flushWake: make(chan struct{}, 1), flushed: make(chan struct{}, 1), deleted: map[string]time.Time{}}
+		wake: make(chan struct{}, 1), flushWake: make(chan struct{}, 1), flushed: make(chan struct{}, 1), deleted: map[string]time.Time{},
+		ended: map[string]time.Time{}}
 	for _, d := range cfg.Drivers {
 		e.drivers[d.Name()] = d
 	}
@@ -496,6 +504,9 @@ func (e *Engine) candidates(fresh []*v1alpha1.LifecycleEvent) []*v1alpha1.Lifecy
 		if ev.DeletionTimestamp != nil || ev.Spec.BindingNode != e.cfg.Node {
 			continue
 		}
+		if _, done := e.ended[string(ev.UID)]; done {
+			continue // finished by us; the copy is older than its end
+		}
 		cs := ev.Status.ClaimStatus
 		mine := cs == v1alpha1.LifecycleEventClaimed && ev.Status.Holder != nil && ev.Status.Holder.Identity == e.cfg.Identity
 		if cs == "" || cs == v1alpha1.LifecycleEventPending || mine {
@@ -537,6 +548,11 @@ func (e *Engine) collect(ctx context.Context) {
 	for uid, at := range e.deleted {
 		if now.Sub(at) > 10*time.Minute {
 			delete(e.deleted, uid)
+		}
+	}
+	for uid, at := range e.ended {
+		if now.Sub(at) > 10*time.Minute {
+			delete(e.ended, uid)
 		}
 	}
 }
@@ -615,6 +631,9 @@ func (e *Engine) releaseOrphans(ctx context.Context) {
 			continue
 		}
 		uid := string(ev.UID)
+		if _, done := e.ended[uid]; done {
+			continue // finished by us, finalizer off: the copy is older than that
+		}
 		if at, ok := e.orphanAt[uid]; ok && now.Sub(at) < 10*time.Second {
 			continue
 		}

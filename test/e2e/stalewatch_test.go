@@ -1,0 +1,111 @@
+package e2e
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/lifecycle-agent/lifecycle-agent/api/v1alpha1"
+	"github.com/lifecycle-agent/lifecycle-agent/internal/apiclient"
+)
+
+// A watch that runs behind the agent's own writes (a loaded API server, a
+// slow link: at 1,000 agents it runs seconds behind) still shows an event
+// the agent has just finished as the Pending object it was created as. The
+// agent must not claim it again from that copy: the resourceVersion guard
+// would refuse the claim (409), but only after the agent had taken the
+// group's disruption slot and the node Lease for it — writes for nothing,
+// and a slot Lease left held by an ended event. Here the agent's event
+// watch reads each chunk 300 ms late; three uncordon events in a
+// disruption group run one after the other.
+func TestNoClaimFromAStaleWatch(t *testing.T) {
+	const node = "stale-watch"
+	newNode(t, node)
+	rec := &lateWatch{delay: 300 * time.Millisecond}
+	rc := env.NodeConfig(node)
+	rc.Wrap(func(rt http.RoundTripper) http.RoundTripper { rec.next = rt; return rec })
+	startAgent(t, node, agentOpts{retention: time.Hour, rest: rc})
+	waitTransition(t, transitionName(node, "uncordon"))
+	lc := clients(t, env.AdminConfig())
+	group := &v1alpha1.DisruptionBudget{Group: "stale-rack", MaxConcurrent: 1}
+	for _, name := range []string{"stale-1", "stale-2", "stale-3"} {
+		createEvent(t, name, node, transitionName(node, "uncordon"), nil, group)
+		if ev := waitEvent(t, name, time.Minute); ev.Status.ClaimStatus != v1alpha1.LifecycleEventSucceeded {
+			t.Fatalf("%s: %s %s", name, ev.Status.ClaimStatus, ev.Status.Message)
+		}
+		waitFor(t, name+"'s finalizer off", 30*time.Second, func() bool {
+			ev, err := lc.Events.Get(context.Background(), name, metav1.GetOptions{})
+			return err == nil && len(ev.Finalizers) == 0
+		})
+		// Long enough for the late watch to show the event's first
+		// (Pending) copy after the end, and for a claim from it.
+		time.Sleep(time.Second)
+	}
+	time.Sleep(2 * time.Second)
+	for _, name := range []string{apiclient.NodeLeaseName(node), apiclient.SlotLeaseName(group.Group, 0)} {
+		l, err := lc.Leases(v1alpha1.SystemNamespace).Get(context.Background(), name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatalf("lease %s: %v", name, err)
+		}
+		if h := l.Spec.HolderIdentity; h != nil && *h != "" {
+			t.Errorf("lease %s held at rest by %s for event %s, which ended", name, *h, l.Annotations[apiclient.AnnotationLeaseEvent])
+		}
+	}
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	if rec.conflicts > 0 {
+		t.Errorf("%d of the agent's writes to LifecycleEvents refused with 409: a claim from a stale copy", rec.conflicts)
+	}
+	// Per event: the slot taken and released, the node Lease taken and
+	// released; nothing more.
+	if want := 3 * 4; rec.leaseWrites != want {
+		t.Errorf("the agent wrote LifecycleLeases %d times for 3 events, want %d (take and release the slot and the node Lease, each)", rec.leaseWrites, want)
+	}
+}
+
+// lateWatch delays every read of a LifecycleEvent watch's body and counts
+// the agent's LifecycleLease writes and its 409s on LifecycleEvents.
+type lateWatch struct {
+	next  http.RoundTripper
+	delay time.Duration
+
+	mu          sync.Mutex
+	leaseWrites int
+	conflicts   int
+}
+
+func (l *lateWatch) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := l.next.RoundTrip(req)
+	if err != nil {
+		return resp, err
+	}
+	p := req.URL.Path
+	l.mu.Lock()
+	if strings.Contains(p, "/lifecycleleases") && req.Method != http.MethodGet {
+		l.leaseWrites++
+	}
+	if strings.Contains(p, "/lifecycleevents") && resp.StatusCode == http.StatusConflict {
+		l.conflicts++
+	}
+	l.mu.Unlock()
+	if req.URL.Query().Get("watch") == "true" && strings.Contains(p, "/lifecycleevents") {
+		resp.Body = &lateBody{ReadCloser: resp.Body, delay: l.delay}
+	}
+	return resp, nil
+}
+
+type lateBody struct {
+	io.ReadCloser
+	delay time.Duration
+}
+
+func (b *lateBody) Read(p []byte) (int, error) {
+	time.Sleep(b.delay)
+	return b.ReadCloser.Read(p)
+}
