@@ -657,6 +657,22 @@ func runSchedule(t *testing.T, s schedule, pdb bool) {
 		t.Errorf("node condition %s=%s/%s (%s) at rest after %s", v1alpha1.NodeConditionLifecycleTransition, cond.Status, cond.Reason, cond.Message, endName(final))
 	}
 
+	// 7. The Leases are released at rest (DESIGN §2's end order: after
+	// the finalizer): the node's, and with a disruption budget the
+	// group's one slot once the peer's event has ended too. A Lease left
+	// held keeps another identity of this node (a re-imaged host) from
+	// claiming the next event until it expires, and a slot keeps the
+	// group's budget spent.
+	if holder := leaseHolder(t, lc, apiclient.NodeLeaseName(node)); holder != "" {
+		t.Errorf("node Lease %s still held at rest after %s: %s", apiclient.NodeLeaseName(node), endName(final), holder)
+	}
+	if peer != nil {
+		slot := apiclient.SlotLeaseName(budget.Group, 0)
+		waitFor(t, "the disruption slot released", 30*time.Second, peerAgent, func() bool {
+			return leaseHolder(t, lc, slot) == ""
+		}, func() string { return slot + " held by " + leaseHolder(t, lc, slot) })
+	}
+
 	// 6. No goroutine left behind by the event, and a clean stop.
 	end, err := settledGoroutines(a, baseline+goroutineSlack)
 	switch {
@@ -908,4 +924,22 @@ func endName(ev *v1alpha1.LifecycleEvent) string {
 		return "gone (deleted)"
 	}
 	return string(ev.Status.ClaimStatus) + ": " + ev.Status.Message
+}
+
+// leaseHolder names the holder of the LifecycleLease name in
+// lifecycle-system and the event it is held for ("" when it is released
+// or absent).
+func leaseHolder(t *testing.T, lc *apiclient.LifecycleClients, name string) string {
+	t.Helper()
+	l, err := lc.Leases(v1alpha1.SystemNamespace).Get(context.Background(), name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return ""
+	}
+	if err != nil {
+		t.Fatalf("lease %s: %v", name, err)
+	}
+	if l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity == "" {
+		return ""
+	}
+	return fmt.Sprintf("%s (for event %s)", *l.Spec.HolderIdentity, l.Annotations[apiclient.AnnotationLeaseEvent])
 }
