@@ -63,7 +63,8 @@
 // is written. On every end state the finalizer is removed only after the
 // final status was accepted, then the slot and the node Lease are released
 // and the journal moves the event to its history. Finished events are
-// deleted eventRetention after completion (0: at once).
+// deleted eventRetention after completion (0: at once, by finish itself,
+// not when the watch shows the end; collect deletes what finish could not).
 //
 // Disruption budget (spec.disruption): before the first disruptive step the
 // agent holds one of the Leases <group>-0…<group>-(maxConcurrent-1); while

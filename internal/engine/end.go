@@ -8,6 +8,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/lifecycle-agent/lifecycle-agent/api/v1alpha1"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/apiclient"
@@ -270,6 +271,18 @@ func (e *Engine) finish(ctx context.Context, a *active, outcome journal.Outcome,
 	e.ended[a.uid] = e.cfg.Clock.Now()
 	e.cfg.Metrics.Events.WithLabelValues(a.driver.Short(), ended).Inc()
 	e.log.Info("event finished", "event", a.name, "outcome", ended, "message", msg)
+	if e.cfg.EventRetention == 0 && outcome != journal.OutcomeCancelled {
+		// Deleted at once, not when our watch shows the end: a watch
+		// that runs behind (a loaded server) would hold the deletion
+		// that long. A cancelled event is already going. If this fails,
+		// or the agent stops first, collect deletes it.
+		ev := &v1alpha1.LifecycleEvent{ObjectMeta: metav1.ObjectMeta{Name: a.name, UID: types.UID(a.uid)}}
+		if err := e.cfg.API.DeleteEvent(ctx, ev); err != nil {
+			e.log.Info("deleting the finished event failed; will retry", "event", a.name, "err", err)
+		} else {
+			e.deleted[a.uid] = e.cfg.Clock.Now()
+		}
+	}
 	e.setState("idle")
 }
 
