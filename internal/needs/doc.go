@@ -80,7 +80,10 @@
 // the group's circuit breaker, Lease <group>-breaker in the API (so every
 // node of the group sees it; admission keeps it append-only for node
 // identities); at breakerFailures entries no node of the group requests
-// until an admin deletes the Lease. Reading the breaker fails closed.
+// until an admin deletes the Lease. Reading the breaker fails closed. An
+// event found gone has the outcome the journal's history records for it
+// (with eventRetention 0 the agent deletes it as soon as it ends), or
+// none — deleted before it ended, by an admin — which does not count.
 //
 // The agent builds one Requester for the reboot need under
 // needs.reboot.policy request (group needs.reboot.*; the reboot driver

@@ -57,6 +57,9 @@ type RequestJournal interface {
 	PutAutoRequest(r journal.AutoRequest) error
 	AutoRequests() ([]journal.AutoRequest, error)
 	DeleteAutoRequest(key string) error
+	// History is the events this agent finished: the outcome of a
+	// request's event deleted at the end (eventRetention 0).
+	History() ([]journal.HistoryRecord, error)
 }
 
 // RequestConfig configures a Requester: one per need kind, each with its
@@ -237,6 +240,33 @@ func (r *Requester) Reconcile(ctx context.Context) {
 	}
 }
 
+// endedAs is the outcome of rec's event, gone from the API: the end the
+// journal's history records for it (the latest by that name finished
+// after the request was made), or Gone when it has none or was cancelled
+// — deleted before it ended.
+func (r *Requester) endedAs(rec journal.AutoRequest) (string, error) {
+	hist, err := r.cfg.Journal.History()
+	if err != nil {
+		return "", err
+	}
+	for i := len(hist) - 1; i >= 0; i-- {
+		h := hist[i]
+		if h.Event.Name != rec.Event || h.Finished.Before(rec.Created) {
+			continue
+		}
+		switch h.Outcome {
+		case journal.OutcomeSucceeded:
+			return journal.RequestSucceeded, nil
+		case journal.OutcomeFailed:
+			return journal.RequestFailed, nil
+		case journal.OutcomeSlaExpired:
+			return journal.RequestSlaExpired, nil
+		}
+		return journal.RequestGone, nil // cancelled
+	}
+	return journal.RequestGone, nil
+}
+
 // reconcile moves one request on. Call with r.mu held.
 func (r *Requester) reconcile(ctx context.Context, rec journal.AutoRequest) {
 	switch {
@@ -263,7 +293,14 @@ func (r *Requester) reconcile(ctx context.Context, rec journal.AutoRequest) {
 		ev, err := r.cfg.API.GetEvent(ctx, rec.Event)
 		switch {
 		case apierrors.IsNotFound(err):
-			rec.Outcome = journal.RequestGone
+			// Deleted: at its end (eventRetention 0; this agent ran it,
+			// its journal's history has the outcome), or by an admin.
+			out, herr := r.endedAs(rec)
+			if herr != nil {
+				r.warn("history/"+rec.Key, "reading the journal's history for an automatic request's outcome failed; retrying", "lifecycleEvent", rec.Event, "err", herr)
+				return
+			}
+			rec.Outcome = out
 		case err != nil:
 			r.warn("get/"+rec.Key, "reading an automatic request's event failed; retrying", "lifecycleEvent", rec.Event, "err", err)
 			return

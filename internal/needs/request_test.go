@@ -3,6 +3,7 @@ package needs
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"path/filepath"
@@ -389,6 +390,43 @@ func TestRequestBreaker(t *testing.T) {
 		t.Fatalf("breaker %v, want the SlaExpired only", got)
 	}
 	if v := testutil.ToFloat64(h.r.failed); v != 1 {
+		t.Fatalf("auto_request_failures_total %v, want 1", v)
+	}
+}
+
+// With eventRetention 0 the agent deletes a request's event as soon as it
+// has ended, so the requester finds it gone: the outcome is the one the
+// journal's history records for it (this agent ran it). A Failed end
+// counts on the breaker; a cancel is Gone, and does not.
+func TestRequestOutcomeOfADeletedEvent(t *testing.T) {
+	ctx := context.Background()
+	g := newRig(t, 5)
+	for i, c := range []struct {
+		boot    string
+		outcome journal.Outcome
+	}{{"aaaaaaaa", journal.OutcomeFailed}, {"bbbbbbbb", journal.OutcomeCancelled}} {
+		ev := RebootEvent("n1", "n1-reboot", c.boot, "kernel")
+		if err := g.r.Request(ctx, RebootKey, ev); err != nil {
+			t.Fatal(err)
+		}
+		// The engine runs it, moves it to history, deletes it.
+		uid := fmt.Sprintf("uid-%d", i)
+		if err := g.j.PutEvent(journal.EventRecord{UID: uid, Name: ev.Name, State: journal.EventFinishing}); err != nil {
+			t.Fatal(err)
+		}
+		if err := g.j.FinishEvent(uid, c.outcome, ""); err != nil {
+			t.Fatal(err)
+		}
+		g.api.mu.Lock()
+		delete(g.api.events, ev.Name)
+		g.api.mu.Unlock()
+		g.r.Reconcile(ctx)
+		g.r.Release(ctx, RebootKey)
+	}
+	if got := g.api.breaker["auto-reboot"]; !slices.Equal(got, []string{"n1-reboot-aaaaaaaa"}) {
+		t.Fatalf("breaker %v, want the Failed event's only (found gone: its outcome is in the journal's history)", got)
+	}
+	if v := testutil.ToFloat64(g.r.failed); v != 1 {
 		t.Fatalf("auto_request_failures_total %v, want 1", v)
 	}
 }
