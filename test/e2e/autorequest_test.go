@@ -135,4 +135,28 @@ func TestAutomaticRebootRequest(t *testing.T) {
 			t.Fatalf("%d automatic requests with the breaker open, want 0", len(evs))
 		}
 	})
+
+	// eventRetention 0: the agent deletes the failed event as soon as it
+	// ends; the failure still reaches the breaker (from the journal's
+	// history).
+	t.Run("failure deleted at once still counts", func(t *testing.T) {
+		node, dir := "autoreq-fail0", t.TempDir()
+		newNode(t, node)
+		setReady(t, node, corev1.ConditionFalse)
+		needReboot(t, dir)
+		startAgent(t, node, agentOpts{retention: 0, dir: dir, configure: requestConfig("autoreq-fail0", 1)})
+		var name string
+		waitFor(t, "an automatic reboot request", 30*time.Second, func() bool {
+			if evs := autoRequests(t, node); len(evs) == 1 {
+				name = evs[0].Name
+			}
+			return name != ""
+		})
+		waitFor(t, "the failure of the deleted event on the breaker", 2*time.Minute, func() bool {
+			return slices.Equal(breaker(t, "autoreq-fail0"), []string{name})
+		})
+		if evs := autoRequests(t, node); len(evs) != 0 {
+			t.Fatalf("%d automatic requests left with eventRetention 0, want 0 (deleted at the end)", len(evs))
+		}
+	})
 }
