@@ -12,7 +12,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
@@ -27,6 +29,18 @@ func clients(t *testing.T, cfg *rest.Config) *apiclient.LifecycleClients {
 		t.Fatal(err)
 	}
 	return c
+}
+
+// watchEventNamed watches the one LifecycleEvent called name (which need
+// not exist yet) until ctx ends; the watch stops when the test ends.
+func watchEventNamed(ctx context.Context, t *testing.T, lc *apiclient.LifecycleClients, name string) watch.Interface {
+	t.Helper()
+	w, err := lc.Events.Watch(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", name).String()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(w.Stop)
+	return w
 }
 
 func ptr[T any](v T) *T { return &v }

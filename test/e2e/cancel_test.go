@@ -34,11 +34,7 @@ func TestCancelIsNotAFailure(t *testing.T) {
 	cs := kubernetes.NewForConfigOrDie(env.AdminConfig())
 	name := "cancel-truth-1"
 
-	w, err := lc.Events.Watch(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + name})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Stop()
+	w := watchEventNamed(ctx, t, lc, name)
 	var mu sync.Mutex
 	var seen []string  // claimStatus/message of every version seen
 	var ended []string // the versions that showed an end state

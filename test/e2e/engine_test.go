@@ -10,7 +10,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
@@ -302,11 +301,7 @@ func TestRetentionZeroDeletesAtOnce(t *testing.T) {
 	// Succeeded (visible to anyone watching) and then be deleted.
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	w, err := lc.Events.Watch(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", "ret-1").String()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Stop()
+	w := watchEventNamed(ctx, t, lc, "ret-1")
 	createEvent(t, "ret-1", node, transitionName(node, "uncordon"), nil, nil)
 	sawEnd, deleted := false, false
 	for ev := range w.ResultChan() {

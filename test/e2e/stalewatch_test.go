@@ -10,7 +10,6 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/watch"
 
 	"github.com/lifecycle-agent/lifecycle-agent/api/v1alpha1"
@@ -88,11 +87,7 @@ func TestRetentionZeroDeletesBeforeALateWatch(t *testing.T) {
 	lc := clients(t, env.AdminConfig())
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	w, err := lc.Events.Watch(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", "late-del").String()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Stop()
+	w := watchEventNamed(ctx, t, lc, "late-del")
 	createEvent(t, "late-del", node, transitionName(node, "uncordon"), nil, nil)
 	var ended, gone time.Time
 	for ev := range w.ResultChan() {
