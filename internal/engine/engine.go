@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"sort"
 	"strconv"
@@ -545,15 +546,8 @@ func (e *Engine) collect(ctx context.Context) {
 		}
 		e.deleted[string(ev.UID)] = now
 	}
-	for uid, at := range e.deleted {
-		if now.Sub(at) > 10*time.Minute {
-			delete(e.deleted, uid)
-		}
-	}
-	for uid, at := range e.ended {
-		if now.Sub(at) > 10*time.Minute {
-			delete(e.ended, uid)
-		}
+	for _, m := range []map[string]time.Time{e.deleted, e.ended} {
+		maps.DeleteFunc(m, func(_ string, at time.Time) bool { return now.Sub(at) > 10*time.Minute })
 	}
 }
 

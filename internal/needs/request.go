@@ -254,15 +254,10 @@ func (r *Requester) endedAs(rec journal.AutoRequest) (string, error) {
 		if h.Event.Name != rec.Event || h.Finished.Before(rec.Created) {
 			continue
 		}
-		switch h.Outcome {
-		case journal.OutcomeSucceeded:
-			return journal.RequestSucceeded, nil
-		case journal.OutcomeFailed:
-			return journal.RequestFailed, nil
-		case journal.OutcomeSlaExpired:
-			return journal.RequestSlaExpired, nil
+		if h.Outcome == journal.OutcomeCancelled {
+			return journal.RequestGone, nil
 		}
-		return journal.RequestGone, nil // cancelled
+		return h.Outcome.String(), nil // Succeeded, Failed, SlaExpired: as the status says them
 	}
 	return journal.RequestGone, nil
 }
