@@ -271,6 +271,7 @@ func (e *Engine) finish(ctx context.Context, a *active, outcome journal.Outcome,
 	e.ended[a.uid] = e.cfg.Clock.Now()
 	e.cfg.Metrics.Events.WithLabelValues(a.driver.Short(), ended).Inc()
 	e.log.Info("event finished", "event", a.name, "outcome", ended, "message", msg)
+	// gofail: var engineBeforeFinishDelete struct{}
 	if e.cfg.EventRetention == 0 && outcome != journal.OutcomeCancelled {
 		// Deleted at once, not when our watch shows the end: a watch
 		// that runs behind (a loaded server) would hold the deletion

@@ -2,10 +2,13 @@ package crash
 
 import (
 	"context"
+	"os"
+	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/lifecycle-agent/lifecycle-agent/api/v1alpha1"
@@ -119,5 +122,45 @@ func crashOnUncordon(t *testing.T, c *crashCase, lc *apiclient.LifecycleClients,
 	case <-a.done:
 	case <-time.After(60 * time.Second):
 		t.Fatalf("the agent did not die of %s in 60s", failpoint)
+	}
+}
+
+// eventRetention 0: the finish deletes the event itself, right after its
+// move to history. A crash between the two leaves a finished event, its
+// finalizer off, that no running code path of the dead agent will delete:
+// the restarted agent's collect must, from its watch (the history says the
+// event is ours and done; it is not run again).
+func TestCrashBeforeFinishDelete(t *testing.T) {
+	c, lc, _, _ := compoundCase(t, "compound-finish-delete", false)
+	ctx := context.Background()
+	if err := os.WriteFile(c.config(), []byte(strings.Replace(agentConfig, "eventRetention: 1h", "eventRetention: 0s", 1)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	crashOnUncordon(t, c, lc, `engineBeforeFinishDelete=panic("crash before the finish's delete")`)
+	ev, err := lc.Events.Get(ctx, c.event, metav1.GetOptions{})
+	if err != nil || ev.Status.ClaimStatus != v1alpha1.LifecycleEventSucceeded || hasFinalizer(ev) {
+		t.Fatalf("at the crash the event is %v (%v); want it Succeeded, its finalizer off, not yet deleted", ev.Status.ClaimStatus, err)
+	}
+
+	a := c.start(t, "")
+	waitFor(t, "the finished event deleted by the restarted agent", 60*time.Second, a, func() bool {
+		_, err := lc.Events.Get(ctx, c.event, metav1.GetOptions{})
+		return apierrors.IsNotFound(err)
+	})
+	if err := a.stop(30 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	doc, err := c.exportJournal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	runs := 0
+	for _, h := range doc.History {
+		if h.Event.Name == c.event {
+			runs++
+		}
+	}
+	if runs != 1 {
+		t.Errorf("the journal's history holds %s %d times; want once", c.event, runs)
 	}
 }
