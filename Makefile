@@ -68,13 +68,21 @@ lint: ## gofmt + go vet
 # 3 CPU-minutes in an 8-11 minute run), while the VM is CPU-bound under
 # TCG, so the two share 2 cores better than they take turns (35-50 minutes
 # one after the other). The Go tests' lines are prefixed [go] and printed as
-# they come; make test fails, once both have ended, if either failed.
+# they come; make test fails, once both have ended, if either failed. When
+# the Go tests fail, their failing lines are printed again at the end, so
+# that a log read from its tail (CI's) names the test.
 # bench-ci runs last, alone, so its figures compare from run to run.
 test: lint kubebin deb ## everything: lint, unit, real-apiserver, D-Bus, packaging and VM tests
 	@set -o pipefail; \
-	( $(GO) test -tags $(TAGS) $(GOFLAGS_TEST) -timeout $(TEST_TIMEOUT) $$($(GO) list -tags $(TAGS) ./... | grep -v /test/vm$$) 2>&1 | sed -u 's/^/[go] /' ) & gopid=$$!; \
+	golog=$$(mktemp /tmp/lifecycle-agent-go-test.XXXXXX); \
+	( $(GO) test -tags $(TAGS) $(GOFLAGS_TEST) -timeout $(TEST_TIMEOUT) $$($(GO) list -tags $(TAGS) ./... | grep -v /test/vm$$) 2>&1 | tee $$golog | sed -u 's/^/[go] /' ) & gopid=$$!; \
 	$(MAKE) --no-print-directory test-vm; vm=$$?; \
 	wait $$gopid; gotests=$$?; \
+	if [ $$gotests -ne 0 ]; then \
+	  echo "make test: the Go tests' failing lines (their whole output is above, prefixed [go], and in $$golog):"; \
+	  grep -E -A6 '^(\s*--- FAIL|panic:|fatal error:|WARNING: DATA RACE)' $$golog | cut -c1-300 | tail -120; \
+	  echo "make test: the Go tests that failed:"; \
+	  grep -E '^(\s*--- FAIL|FAIL\s|panic:|fatal error:|WARNING: DATA RACE)' $$golog | cut -c1-200 | tail -20; fi; \
 	echo "make test: Go packages exit $$gotests, VM tests exit $$vm"; \
 	[ $$gotests -eq 0 ] && [ $$vm -eq 0 ]
 	$(MAKE) --no-print-directory bench-ci
