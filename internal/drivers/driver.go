@@ -87,6 +87,10 @@ type Runtime interface {
 type HostOps interface {
 	// BootID is the current boot ID (/proc/sys/kernel/random/boot_id).
 	BootID() string
+	// BootTime is when the current boot began, on this host's clock (the
+	// kubelet's): /proc/stat btime. The zero time when unknown. Simulated:
+	// the real host's, since a simulated reboot restarts nothing.
+	BootTime() time.Time
 	// Reboot asks logind to reboot, after releasing the agent's own
 	// inhibitor locks. In simulate mode the boot ID changes instead.
 	Reboot(ctx context.Context) error

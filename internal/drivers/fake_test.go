@@ -96,6 +96,8 @@ type fakeHost struct {
 	osErr                   error
 	rebootRequired          bool
 	simulated               bool
+	// bootTime answers BootTime; the zero time (unknown) by default.
+	bootTime time.Time
 	// run answers Run; nil means success with no output.
 	run          func(argv, env []string) (string, error)
 	transientErr error
@@ -126,6 +128,12 @@ func (h *fakeHost) BootID() string {
 		h.newBootLocked()
 	}
 	return h.bootID
+}
+
+func (h *fakeHost) BootTime() time.Time {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.bootTime
 }
 
 func (h *fakeHost) Reboot(ctx context.Context) error {

@@ -119,6 +119,7 @@ func (h *gpuHost) BootID() string {
 	defer h.mu.Unlock()
 	return h.bootID
 }
+func (h *gpuHost) BootTime() time.Time                              { return time.Time{} }
 func (h *gpuHost) Reboot(context.Context) error                     { return errors.New("gpuHost: no reboot") }
 func (h *gpuHost) OSRelease() (string, string, error)               { return "12", "6.1.0", nil }
 func (h *gpuHost) RebootRequired() bool                             { return false }

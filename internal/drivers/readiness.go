@@ -236,7 +236,7 @@ func (r Readiness) step() Step {
 			polled := clk.Now()
 			pctx, cancel := context.WithDeadline(ctx, pollBound)
 			pollBound = deadline
-			notReady, err := cfg.NotReady(pctx, api, snap, checks, run)
+			notReady, err := cfg.NotReady(pctx, api, snap, checks, run, rt.Host().BootTime())
 			cancel()
 			if ctx.Err() != nil {
 				return ctx.Err()

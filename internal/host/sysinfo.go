@@ -7,8 +7,10 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"strconv"
 	"strings"
 	"syscall"
+	"time"
 )
 
 // Default locations read by Paths. A zero field of Paths means its default.
@@ -18,6 +20,7 @@ const (
 	DefaultOSReleaseFallback = "/usr/lib/os-release"
 	DefaultKernelReleasePath = "/proc/sys/kernel/osrelease"
 	DefaultMachineIDPath     = "/etc/machine-id"
+	DefaultProcStatPath      = "/proc/stat"
 )
 
 // Paths names the files the host facts are read from; tests point them into
@@ -34,6 +37,38 @@ type Paths struct {
 	// MachineIDFile is machine-id(5): 32 lowercase hex digits, set at
 	// install and kept across reboots and upgrades.
 	MachineIDFile string
+	// ProcStatFile is proc(5)'s /proc/stat, whose btime line is when this
+	// boot began.
+	ProcStatFile string
+}
+
+// BootTime returns when this boot began, on this host's clock: the btime
+// line of /proc/stat (seconds since the epoch). The kernel reckons it from
+// the current time less the time since boot, so a clock stepped after the
+// boot (NTP at start-up) moves it too: read it again for each use rather
+// than keeping it. Timestamps the kubelet writes in this boot (a pod
+// condition's lastTransitionTime) are at or after it.
+func (p Paths) BootTime() (time.Time, error) {
+	path := p.ProcStatFile
+	if path == "" {
+		path = DefaultProcStatPath
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("host: read boot time: %w", err)
+	}
+	for line := range strings.Lines(string(data)) {
+		v, ok := strings.CutPrefix(line, "btime ")
+		if !ok {
+			continue
+		}
+		secs, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+		if err != nil || secs <= 0 {
+			return time.Time{}, fmt.Errorf("host: boot time in %s: %q is not seconds since the epoch", path, strings.TrimSpace(line))
+		}
+		return time.Unix(secs, 0), nil
+	}
+	return time.Time{}, fmt.Errorf("host: boot time: no btime line in %s", path)
 }
 
 // MachineID returns machine-id(5). It tells two hosts apart that were

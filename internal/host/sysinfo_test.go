@@ -5,8 +5,10 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
+	"time"
 )
 
 func writeTemp(t *testing.T, name, content string) string {
@@ -169,4 +171,33 @@ func TestMachineID(t *testing.T) {
 	if _, err := (Paths{MachineIDFile: filepath.Join(t.TempDir(), "nope")}).MachineID(); !errors.Is(err, fs.ErrNotExist) {
 		t.Fatalf("MachineID of a missing file: %v, want ErrNotExist", err)
 	}
+}
+
+func TestBootTime(t *testing.T) {
+	stat := "cpu  1 2 3 4\nintr 5\nctxt 6\nbtime 1765000000\nprocesses 7\n"
+	got, err := Paths{ProcStatFile: writeTemp(t, "stat", stat)}.BootTime()
+	if err != nil || !got.Equal(time.Unix(1765000000, 0)) {
+		t.Fatalf("BootTime = %v, %v; want %v", got, err, time.Unix(1765000000, 0))
+	}
+	for name, content := range map[string]string{
+		"no btime line": "cpu  1 2 3 4\nctxt 6\n",
+		"not a number":  "btime soon\n",
+		"zero":          "btime 0\n",
+	} {
+		t.Run(name, func(t *testing.T) {
+			path := writeTemp(t, "stat", content)
+			if got, err := (Paths{ProcStatFile: path}).BootTime(); err == nil || !strings.Contains(err.Error(), path) {
+				t.Fatalf("BootTime = %v, %v; want an error naming %s", got, err, path)
+			}
+		})
+	}
+	t.Run("this host", func(t *testing.T) {
+		got, err := Paths{}.BootTime()
+		if err != nil {
+			t.Fatalf("BootTime of this host: %v", err)
+		}
+		if got.After(time.Now()) || time.Since(got) > 10*365*24*time.Hour {
+			t.Fatalf("BootTime of this host = %v: not in the past ten years", got)
+		}
+	})
 }

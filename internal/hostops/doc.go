@@ -12,6 +12,10 @@
 //   - BootID: /proc/sys/kernel/random/boot_id, read once by NewReal (it
 //     cannot change while the process lives; NewReal fails when it cannot
 //     be read, since every reboot decision rests on it).
+//   - BootTime: /proc/stat btime, read again at each call (a clock stepped
+//     after the boot moves it; a failed read answers the last one and logs
+//     once). NewReal fails when it cannot be read. The readiness check
+//     compares the kubelet's pod condition times with it.
 //   - Reboot: the logind lock discipline of internal/host (its rule 6).
 //     The agent holds a delay lock on "shutdown" for its whole life, and
 //     logind waits up to InhibitDelayMaxSec (5 s by default) for every
@@ -65,6 +69,8 @@
 //     a restarted agent's replay sees it too. BootID re-reads the file, so
 //     writing a new UUID into it from outside simulates a reboot by someone
 //     else (os-upgrade's external mode).
+//   - BootTime is the real host's: a simulated reboot restarts no pod, so
+//     no pod status is left from an earlier boot.
 //   - simulated-os-release (optional): os-release(5) syntax; VERSION_ID is
 //     the version and the non-standard KERNEL_RELEASE the kernel release
 //     OSRelease reports. Without it, or without that key, the real host's

@@ -92,8 +92,10 @@ type Real struct {
 	runner Runner
 	bootID string
 
-	mu    sync.Mutex
-	locks map[*host.InhibitLock]struct{} // block locks handed out, not yet released
+	mu       sync.Mutex
+	locks    map[*host.InhibitLock]struct{} // block locks handed out, not yet released
+	bootTime time.Time                      // last read; BootTime's answer when a read fails
+	btErr    string                         // last boot time read error logged, to log each only once
 }
 
 var _ drivers.HostOps = (*Real)(nil)
@@ -136,12 +138,34 @@ func NewReal(cfg RealConfig) (*Real, error) {
 	if err != nil {
 		return nil, fmt.Errorf("hostops: %w", err)
 	}
+	bt, err := cfg.Paths.BootTime()
+	if err != nil {
+		return nil, fmt.Errorf("hostops: %w", err)
+	}
 	return &Real{cfg: cfg, log: cfg.Logger, clock: cfg.Clock, runner: cfg.Runner, bootID: id,
-		locks: map[*host.InhibitLock]struct{}{}}, nil
+		bootTime: bt, locks: map[*host.InhibitLock]struct{}{}}, nil
 }
 
 // BootID is this boot's ID, read once by NewReal.
 func (r *Real) BootID() string { return r.bootID }
+
+// BootTime is when this boot began (/proc/stat btime), read again at each
+// call: a clock stepped after the boot moves it. A failed read returns the
+// last one read (NewReal's at least) and logs the error once.
+func (r *Real) BootTime() time.Time {
+	bt, err := r.cfg.Paths.BootTime()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if err != nil {
+		if msg := err.Error(); msg != r.btErr {
+			r.btErr = msg
+			r.log.Error("reading the boot time failed; using the last one", "boot_time", r.bootTime, "err", err)
+		}
+		return r.bootTime
+	}
+	r.btErr, r.bootTime = "", bt
+	return bt
+}
 
 // Simulated is false.
 func (r *Real) Simulated() bool { return false }

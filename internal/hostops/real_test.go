@@ -34,8 +34,10 @@ func hostFiles(t *testing.T) host.Paths {
 		BootIDFile:        filepath.Join(dir, "boot_id"),
 		OSReleaseFile:     filepath.Join(dir, "os-release"),
 		KernelReleaseFile: filepath.Join(dir, "osrelease"),
+		ProcStatFile:      filepath.Join(dir, "stat"),
 	}
 	writeFile(t, p.BootIDFile, testBootID+"\n")
+	writeFile(t, p.ProcStatFile, "cpu  1 2 3 4\nbtime 1765000000\nprocesses 7\n")
 	writeFile(t, p.OSReleaseFile, "PRETTY_NAME=\"Debian GNU/Linux 12 (bookworm)\"\nID=debian\nVERSION_ID=\"12\"\n")
 	writeFile(t, p.KernelReleaseFile, "6.1.0-28-amd64\n")
 	return p
@@ -179,6 +181,11 @@ func TestNewReal(t *testing.T) {
 	}{
 		{name: "no logind", cfg: RealConfig{Paths: hostFiles(t)}, wantErr: "RealConfig.Logind is required"},
 		{name: "no boot ID", cfg: RealConfig{Logind: lg, Paths: host.Paths{BootIDFile: "/nonexistent/boot_id"}}, wantErr: "read boot ID"},
+		{name: "no boot time", cfg: RealConfig{Logind: lg, Paths: func() host.Paths {
+			p := hostFiles(t)
+			p.ProcStatFile = "/nonexistent/stat"
+			return p
+		}()}, wantErr: "read boot time"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -203,6 +210,19 @@ func TestRealFacts(t *testing.T) {
 	v, k, err := r.OSRelease()
 	if err != nil || v != "12" || k != "6.1.0-28-amd64" {
 		t.Errorf("OSRelease = %q, %q, %v", v, k, err)
+	}
+	if got := r.BootTime(); !got.Equal(time.Unix(1765000000, 0)) {
+		t.Errorf("BootTime = %v, want %v", got, time.Unix(1765000000, 0))
+	}
+	// A clock stepped since the boot moves btime: read again.
+	writeFile(t, p.ProcStatFile, "btime 1765000120\n")
+	if got := r.BootTime(); !got.Equal(time.Unix(1765000120, 0)) {
+		t.Errorf("BootTime after the clock stepped = %v, want %v", got, time.Unix(1765000120, 0))
+	}
+	// Unreadable: the last one read.
+	writeFile(t, p.ProcStatFile, "cpu 1\n")
+	if got := r.BootTime(); !got.Equal(time.Unix(1765000120, 0)) {
+		t.Errorf("BootTime with no btime = %v, want the last read %v", got, time.Unix(1765000120, 0))
 	}
 	if r.RebootRequired() {
 		t.Error("RebootRequired without the flag file")

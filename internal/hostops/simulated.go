@@ -49,9 +49,9 @@ type SimulatedConfig struct {
 	// constants); created 0700 if missing. Required. The agent uses a
 	// directory under its StateDirectory (/var/lib/lifecycle-agent).
 	StateDir string
-	// Paths are read for os-release and the kernel release when the
-	// simulated files do not give them; the zero value reads the real
-	// host (read-only).
+	// Paths are read for the boot time, and for os-release and the kernel
+	// release when the simulated files do not give them; the zero value
+	// reads the real host (read-only).
 	Paths host.Paths
 	// MaxActions bounds the recorded actions (the oldest go first). Zero:
 	// DefaultMaxActions.
@@ -152,6 +152,19 @@ func (s *Simulated) BootID() string {
 	s.lastErr = ""
 	s.bootID = id
 	return id
+}
+
+// BootTime is the real host's (/proc/stat btime through SimulatedConfig.Paths;
+// the zero time when it cannot be read): a simulated reboot restarts no
+// pod, so every status the kubelet posted is this real boot's and none is
+// left over from the boot before the simulated reboot.
+func (s *Simulated) BootTime() time.Time {
+	bt, err := s.cfg.Paths.BootTime()
+	if err != nil {
+		s.log.Warn("reading the real host's boot time failed", "err", err)
+		return time.Time{}
+	}
+	return bt
 }
 
 // Reboot simulates a reboot: it writes a new boot ID (temp file, fsync,

@@ -51,6 +51,11 @@ func TestSimulatedRebootChangesBootIDAcrossRestarts(t *testing.T) {
 	if second == first || len(second) != 36 {
 		t.Fatalf("boot ID after the simulated reboot = %q (before %q)", second, first)
 	}
+	// Nothing restarted: the boot time stays the real host's, so the pods'
+	// statuses from before the simulated reboot still count (readiness).
+	if got := s.BootTime(); !got.Equal(time.Unix(1765000000, 0)) {
+		t.Errorf("BootTime after the simulated reboot = %v, want the host's %v", got, time.Unix(1765000000, 0))
+	}
 	if s.RebootRequired() {
 		t.Error("the reboot did not clear the reboot-required flag")
 	}

@@ -141,19 +141,44 @@
 // and delivered when the API server answers again, so a user mostly sees
 // it in the agent's log ("progress" lines) and in the final message.
 //
-// # Known gap: a DaemonSet pod's Ready left from the previous boot
+// # A DaemonSet pod's Ready left from the previous boot
 //
 // After a reboot the API still shows each DaemonSet pod as the old boot
 // left it (Ready, the old container) until the new boot's kubelet posts
-// its status, about a second or two after it reports the Node Ready. A
-// look in that window counts the pod as Ready, and the node is uncordoned
-// before the DaemonSet is back: seen once on 2026-12-06 in the VM
-// scenario TestRealNode/RebootWithPods (the agent uncordoned 1.1 s after
-// the new boot's Node Ready; the kubelet posted the pod not Ready 0.3 s
-// later). podReady judges the phase and the Ready condition only. The fix
-// to make: count a pod as Ready only when its Ready condition's
-// lastTransitionTime is at or after the current boot's start (the
-// kubelet's clock is this host's), which leaves events without a reboot
-// unaffected; it needs the simulated host's reboot time in simulate mode
-// and the VM scenario as its proof.
+// its status, a second or two after it reports the Node Ready. A look in
+// that window once counted the pod as Ready and the node was uncordoned
+// before the DaemonSet was back (the VM scenario TestRealNode/RebootWithPods
+// on 2026-12-06: the agent uncordoned 1.1 s after the new boot's Node
+// Ready; the kubelet posted the pod not Ready 0.3 s later).
+//
+// So NotReady counts a DaemonSet pod as Ready only when its Ready
+// condition's lastTransitionTime is at or after the current boot's start
+// (drivers.HostOps.BootTime: /proc/stat btime, read again at each look,
+// since a clock stepped after the boot moves it), and says why it waits:
+// "DaemonSet ns/name has no Ready pod on the node (its pod's Ready is from
+// before this boot: since …, the boot began …)". Decisions:
+//
+//   - both times are this host's clock: the kubelet that writes the
+//     condition runs here. The API keeps whole seconds, so the boot time is
+//     compared truncated to the second: a pod the new kubelet makes Ready
+//     in the boot's first second still counts;
+//   - a new boot's kubelet always moves the condition: the old containers
+//     are gone, so it posts the pod not Ready before Ready again, each with
+//     its time; a Ready the status manager kept unchanged across the boot
+//     (same status, old time) does not happen after a reboot;
+//   - a Ready condition with no time (a status a kubelet did not write)
+//     counts as it reads: nothing to judge it by;
+//   - events without a reboot (a gpu-reset, a drain) are unaffected: their
+//     pods became Ready in this boot;
+//   - the snapshot at claim (Take) is not judged against the boot: a pod
+//     Ready then is what the node has, whatever boot its status is from;
+//   - simulate mode: BootTime is the real host's, since a simulated reboot
+//     restarts nothing and every pod status is this real boot's.
+//
+// Tests: TestDaemonSetReadyFromAnEarlierBoot here; test/e2e
+// TestReadinessReadyFromAnEarlierBoot through the agent as wired (the pod's
+// Ready dated before the machine's boot holds the node cordoned, its
+// status saying so, until the pod is Ready again); the VM scenario
+// TestRealNode/RebootWithPods with a real kubelet, where the window is a
+// race, so it proves the wiring rather than failing every time without it.
 package readiness

@@ -191,7 +191,9 @@ func (c Config) Take(ctx context.Context, api API) (Snapshot, error) {
 	if err != nil {
 		return s, fmt.Errorf("readiness: listing the node's pods: %w", err)
 	}
-	s.DaemonSets = readyDaemonSets(slices.DeleteFunc(pods, func(p corev1.Pod) bool { return !c.DaemonSets.selects(&p) }))
+	// Not judged against the boot: a pod Ready now, whatever boot it is
+	// from, is what the node has and must have again.
+	s.DaemonSets, _ = readyDaemonSets(slices.DeleteFunc(pods, func(p corev1.Pod) bool { return !c.DaemonSets.selects(&p) }), time.Time{})
 	return s, nil
 }
 
@@ -211,23 +213,52 @@ func podReady(p *corev1.Pod) bool {
 	return p.DeletionTimestamp == nil && p.Status.Phase == corev1.PodRunning && apiclient.PodReady(p)
 }
 
-func readyDaemonSets(pods []corev1.Pod) []string {
-	var out []string
+// readyDaemonSets names the DaemonSets with a Ready pod among pods, and,
+// when boot is not zero, those whose only Ready pod became Ready before boot
+// (stale): the status a previous boot left, until this boot's kubelet posts
+// the pod's own.
+func readyDaemonSets(pods []corev1.Pod, boot time.Time) (ready []string, stale map[string]time.Time) {
 	for i := range pods {
-		if ds := daemonSetOf(&pods[i]); ds != "" && podReady(&pods[i]) && !slices.Contains(out, ds) {
-			out = append(out, ds)
+		ds := daemonSetOf(&pods[i])
+		if ds == "" || !podReady(&pods[i]) || slices.Contains(ready, ds) {
+			continue
+		}
+		if since, ok := readySince(&pods[i]); ok && !boot.IsZero() && since.Before(boot.Truncate(time.Second)) {
+			if stale == nil {
+				stale = map[string]time.Time{}
+			}
+			stale[ds] = since
+			continue
+		}
+		ready = append(ready, ds)
+	}
+	sort.Strings(ready)
+	return ready, stale
+}
+
+// readySince is when p's Ready condition last changed (the kubelet sets it
+// to True with the time); ok is false when the condition carries no time,
+// as a status not written by a kubelet may.
+func readySince(p *corev1.Pod) (time.Time, bool) {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady && !c.LastTransitionTime.IsZero() {
+			return c.LastTransitionTime.Time, true
 		}
 	}
-	sort.Strings(out)
-	return out
+	return time.Time{}, false
 }
 
 // Runner runs the readiness command (HostOps.Run).
 type Runner func(ctx context.Context, argv []string, timeout time.Duration) error
 
 // NotReady lists what is not back yet among checks: nothing means ready.
-// An error is the API's (the caller retries).
-func (c Config) NotReady(ctx context.Context, api API, snap Snapshot, checks []string, run Runner) ([]string, error) {
+// An error is the API's (the caller retries). boot is when the current boot
+// began (drivers.HostOps.BootTime; zero when unknown): a DaemonSet pod
+// counts as Ready only when its Ready condition became True at or after it,
+// so that the status a previous boot left on the API server (Ready, the old
+// container) is not taken for this boot's. The comparison is in whole
+// seconds, as the API stores the time.
+func (c Config) NotReady(ctx context.Context, api API, snap Snapshot, checks []string, run Runner, boot time.Time) ([]string, error) {
 	var out []string
 	var node *corev1.Node
 	if slices.Contains(checks, CheckResources) || slices.Contains(checks, CheckConditions) {
@@ -242,9 +273,14 @@ func (c Config) NotReady(ctx context.Context, api API, snap Snapshot, checks []s
 		if err != nil {
 			return nil, fmt.Errorf("readiness: listing the node's pods: %w", err)
 		}
-		ready := readyDaemonSets(pods)
+		ready, stale := readyDaemonSets(pods, boot)
 		for _, ds := range snap.DaemonSets {
-			if !slices.Contains(ready, ds) {
+			switch since, isStale := stale[ds]; {
+			case slices.Contains(ready, ds):
+			case isStale:
+				out = append(out, fmt.Sprintf("DaemonSet %s has no Ready pod on the node (its pod's Ready is from before this boot: since %s, the boot began %s)",
+					ds, since.UTC().Format(time.RFC3339), boot.UTC().Format(time.RFC3339)))
+			default:
 				out = append(out, "DaemonSet "+ds+" has no Ready pod on the node")
 			}
 		}

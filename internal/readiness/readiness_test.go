@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -134,15 +135,73 @@ func TestDaemonSetFilter(t *testing.T) {
 		t.Fatal(err)
 	}
 	after := &nodeAPI{pods: []corev1.Pod{dsPod("kube-system", "cni", true), dsPod("monitoring", "node-exporter", false)}}
-	if got, err := cfg.NotReady(context.Background(), after, snap, []string{CheckDaemonSets}, nil); err != nil || len(got) != 0 {
+	if got, err := cfg.NotReady(context.Background(), after, snap, []string{CheckDaemonSets}, nil, time.Time{}); err != nil || len(got) != 0 {
 		t.Errorf("with readiness.daemonSets.namespaces [kube-system]: not ready %q %v, want ready", got, err)
 	}
 	all, err := Config{}.Take(context.Background(), api)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, _ := (Config{}).NotReady(context.Background(), after, all, []string{CheckDaemonSets}, nil); strings.Join(got, "|") != "DaemonSet gpu-operator/nvidia-device-plugin has no Ready pod on the node|DaemonSet monitoring/node-exporter has no Ready pod on the node" {
+	if got, _ := (Config{}).NotReady(context.Background(), after, all, []string{CheckDaemonSets}, nil, time.Time{}); strings.Join(got, "|") != "DaemonSet gpu-operator/nvidia-device-plugin has no Ready pod on the node|DaemonSet monitoring/node-exporter has no Ready pod on the node" {
 		t.Errorf("with no filter: not ready %q", got)
+	}
+}
+
+// readyAt sets when pod's Ready condition last changed.
+func readyAt(p corev1.Pod, at time.Time) corev1.Pod {
+	for i := range p.Status.Conditions {
+		if p.Status.Conditions[i].Type == corev1.PodReady {
+			p.Status.Conditions[i].LastTransitionTime = metav1.NewTime(at)
+		}
+	}
+	return p
+}
+
+// After a reboot the API server still shows each DaemonSet pod as the old
+// boot left it, Ready, until the new boot's kubelet posts its status (seen
+// in the VM scenario TestRealNode/RebootWithPods: the agent uncordoned in
+// that window). A pod counts as Ready only when it became Ready in this
+// boot; at claim (Take) a Ready pod counts whatever its boot.
+func TestDaemonSetReadyFromAnEarlierBoot(t *testing.T) {
+	boot := time.Date(2026, 12, 6, 18, 57, 0, 0, time.UTC)
+	before := boot.Add(-40 * time.Minute)
+	api := &nodeAPI{pods: []corev1.Pod{
+		readyAt(dsPod("kube-system", "node-agent", true), before),
+		readyAt(dsPod("gpu-operator", "nvidia-device-plugin", true), before),
+	}}
+	snap, err := Config{}.Take(context.Background(), api)
+	if err != nil || strings.Join(snap.DaemonSets, ",") != "gpu-operator/nvidia-device-plugin,kube-system/node-agent" {
+		t.Fatalf("snapshot %q %v: want both, Ready at claim", snap.DaemonSets, err)
+	}
+	checks := []string{CheckDaemonSets}
+
+	// The new boot's kubelet has posted the device plugin's pod (Ready 20 s
+	// into the boot), not yet node-agent's: that one is not ready.
+	api.pods[1] = readyAt(api.pods[1], boot.Add(20*time.Second))
+	got, err := Config{}.NotReady(context.Background(), api, snap, checks, nil, boot)
+	want := "DaemonSet kube-system/node-agent has no Ready pod on the node (its pod's Ready is from before this boot: since 2026-12-06T18:17:00Z, the boot began 2026-12-06T18:57:00Z)"
+	if err != nil || strings.Join(got, "|") != want {
+		t.Fatalf("not ready %q %v, want %q", got, err, want)
+	}
+	// Without the boot time (unknown) the stale status is taken as it reads.
+	if got, err := (Config{}).NotReady(context.Background(), api, snap, checks, nil, time.Time{}); err != nil || len(got) != 0 {
+		t.Fatalf("with no boot time: not ready %q %v, want ready", got, err)
+	}
+
+	// The kubelet posts it not Ready, then Ready again within the boot's
+	// first second: the API's whole seconds still count it as this boot's.
+	api.pods[0] = readyAt(api.pods[0], boot.Add(999*time.Millisecond).Truncate(time.Second))
+	if got, err := (Config{}).NotReady(context.Background(), api, snap, checks, nil, boot.Add(999*time.Millisecond)); err != nil || len(got) != 0 {
+		t.Fatalf("Ready in the boot's first second: not ready %q %v, want ready", got, err)
+	}
+
+	// A second pod of the DaemonSet, Ready in this boot, beside a stale one
+	// (a rollout): the DaemonSet is ready.
+	old := readyAt(dsPod("kube-system", "node-agent", true), before)
+	old.Name = "node-agent-old"
+	api.pods = append([]corev1.Pod{old}, api.pods...)
+	if got, err := (Config{}).NotReady(context.Background(), api, snap, checks, nil, boot); err != nil || len(got) != 0 {
+		t.Fatalf("with one pod of this boot Ready: not ready %q %v, want ready", got, err)
 	}
 }
 

@@ -16,6 +16,7 @@ import (
 	"github.com/lifecycle-agent/lifecycle-agent/api/v1alpha1"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/apiclient"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/config"
+	"github.com/lifecycle-agent/lifecycle-agent/internal/host"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/readiness"
 	"github.com/lifecycle-agent/lifecycle-agent/test/testenv"
 )
@@ -56,7 +57,11 @@ func (r *readinessNode) podReady() bool {
 
 // setPodReady sets the pod's Ready condition (Running either way), as the
 // kubelet does while a restarted container's readiness probe fails.
-func (r *readinessNode) setPodReady(ready bool) {
+func (r *readinessNode) setPodReady(ready bool) { r.setPodReadyAt(ready, time.Now()) }
+
+// setPodReadyAt sets the pod's Ready condition as changed at at (the
+// kubelet's lastTransitionTime).
+func (r *readinessNode) setPodReadyAt(ready bool, at time.Time) {
 	r.t.Helper()
 	st := corev1.ConditionFalse
 	if ready {
@@ -70,6 +75,7 @@ func (r *readinessNode) setPodReady(ready bool) {
 		for i := range p.Status.Conditions {
 			if p.Status.Conditions[i].Type == corev1.PodReady || p.Status.Conditions[i].Type == corev1.ContainersReady {
 				p.Status.Conditions[i].Status = st
+				p.Status.Conditions[i].LastTransitionTime = metav1.NewTime(at)
 			}
 		}
 		_, err = r.cs.CoreV1().Pods(r.ns).UpdateStatus(context.Background(), p, metav1.UpdateOptions{})
@@ -166,6 +172,52 @@ func TestReadinessBeforeUncordon(t *testing.T) {
 	}
 }
 
+// TestReadinessReadyFromAnEarlierBoot: after a reboot the API server still
+// shows the DaemonSet pod as the previous boot left it, Ready, until the new
+// boot's kubelet posts the pod's status (a second or two after it reports
+// the Node Ready: seen in the VM scenario TestRealNode/RebootWithPods, where
+// the agent once uncordoned in that window). Through the agent as wired:
+// the event waits, cordoned, its status saying the pod's Ready is from
+// before this boot, and ends Succeeded, uncordoned, only once the pod is
+// Ready in this boot. In simulate mode the host's boot is the real one (a
+// simulated reboot restarts nothing), so a Ready dated before this
+// machine's boot is what a previous boot left.
+func TestReadinessReadyFromAnEarlierBoot(t *testing.T) {
+	node := "ready-boot-node"
+	r := newReadinessNode(t, node)
+	startAgent(t, node, agentOpts{retention: time.Hour})
+	boot, err := host.Paths{}.BootTime()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.startReboot("ready-boot-1")
+	r.setPodReadyAt(true, boot.Add(-time.Hour))
+	r.setReady(true)
+	lc := clients(t, env.AdminConfig())
+	want := "DaemonSet ready-boot-node/device-plugin has no Ready pod on the node (its pod's Ready is from before this boot"
+	var msg string
+	waitFor(t, "the event's status naming the pod's Ready from before this boot", time.Minute, func() bool {
+		ev, err := lc.Events.Get(context.Background(), "ready-boot-1", metav1.GetOptions{})
+		if err != nil {
+			return false
+		}
+		msg = ev.Status.Message
+		return strings.Contains(msg, want)
+	})
+	if !getNode(t, node).Spec.Unschedulable {
+		t.Fatalf("the node was uncordoned on a pod Ready from before this boot: %q", msg)
+	}
+	// The new boot's kubelet posts the pod: Ready now.
+	r.setPodReady(true)
+	ev := waitEvent(t, "ready-boot-1", time.Minute)
+	if ev.Status.ClaimStatus != v1alpha1.LifecycleEventSucceeded || !strings.Contains(stepStates(ev), "wait-workloads-ready=Done,uncordon=Done") {
+		t.Fatalf("reboot ended %s: %s [%s]", ev.Status.ClaimStatus, ev.Status.Message, stepStates(ev))
+	}
+	if getNode(t, node).Spec.Unschedulable {
+		t.Error("the node is still cordoned after the event succeeded")
+	}
+}
+
 // TestReadinessTimeout: the GPUs never come back. The event ends Failed
 // naming them; by default the node stays cordoned (its annotation naming
 // the event), with readiness.onTimeout uncordon it is given back.
@@ -243,7 +295,7 @@ func TestReadinessChecksOnServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := cfg.NotReady(ctx, api, snap, all, run)
+	got, err := cfg.NotReady(ctx, api, snap, all, run, time.Time{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -255,7 +307,7 @@ func TestReadinessChecksOnServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, err := cfg.NotReady(ctx, api, snap, only, run); err != nil || len(got) != 0 {
+	if got, err := cfg.NotReady(ctx, api, snap, only, run, time.Time{}); err != nil || len(got) != 0 {
 		t.Errorf("daemonsets,resources: %q %v, want ready", got, err)
 	}
 	if _, err := cfg.Selected("daemonsets,disks"); err == nil || !strings.Contains(err.Error(), `parameters.readinessChecks: "disks" is not one of`) {
