@@ -123,7 +123,7 @@ func (e *Engine) retryAPI(ctx context.Context, f func(context.Context) (bool, er
 		} else if !e.cfg.Clock.Now().Before(deadline) {
 			return v, err
 		}
-		if !e.sleep(ctx, backoff(i)) {
+		if !e.sleep(ctx, retryWait(i, err)) {
 			return v, ctx.Err()
 		}
 	}

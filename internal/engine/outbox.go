@@ -217,7 +217,7 @@ func (e *Engine) flushLoop(ctx context.Context) {
 				}
 				fails++
 				e.log.Info("outbox delivery failed; will retry", "seq", pending[0].Seq, "depth", len(pending), "err", err)
-				if !e.sleep(ctx, backoff(fails)) {
+				if !e.sleep(ctx, retryWait(fails, err)) {
 					return
 				}
 				continue

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/lifecycle-agent/lifecycle-agent/api/v1alpha1"
@@ -276,7 +277,7 @@ func (e *Engine) runSteps(ctx context.Context, a *active) (journal.Outcome, stri
 			}
 			if s.NeedsAPI && isTransient(err) {
 				e.log.Warn("step failed for a transient reason; retrying", "event", a.name, "step", s.Name, "err", err)
-				if !e.sleep(ctx, backoff(attempts[s.Name])) {
+				if !e.sleep(ctx, retryWait(attempts[s.Name], err)) {
 					return journal.OutcomeFailed, "agent stopping"
 				}
 				continue
@@ -292,6 +293,27 @@ func (e *Engine) runSteps(ctx context.Context, a *active) (journal.Outcome, stri
 func backoff(attempt int) time.Duration {
 	d := time.Second << min(attempt, 5)
 	return min(d, 30*time.Second)
+}
+
+// unansweredRetry is how often a call is tried again while the API server
+// does not answer at all (refused, reset, unreachable, timed out): the
+// cadence of the main loop's direct list in an outage, so that work held
+// up by the outage (an event's finish, a step, the outbox) goes on within
+// a second of the server's return rather than after a back-off grown to
+// 30 s over the outage. A refused connection costs the server nothing;
+// a blackholed one is tried once per request timeout.
+const unansweredRetry = time.Second
+
+// retryWait is how long to wait before the next try of a call whose
+// attempt-th try failed with err: backoff(attempt), but at most
+// unansweredRetry when the server gave no answer. An answer that refuses
+// (429, 5xx: an overloaded server) keeps the exponential back-off.
+func retryWait(attempt int, err error) time.Duration {
+	var st apierrors.APIStatus
+	if err != nil && !errors.As(err, &st) {
+		return min(backoff(attempt), unansweredRetry)
+	}
+	return backoff(attempt)
 }
 
 // gate is the safe point between steps: cancellation and the deadline.

@@ -7,11 +7,15 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"slices"
+	"sync"
 	"syscall"
 	"testing"
+	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	clocktesting "k8s.io/utils/clock/testing"
 )
 
 // dialErr is the error client-go returns when a dial fails with errno, as
@@ -52,5 +56,61 @@ func TestIsTransient(t *testing.T) {
 		if got := isTransient(tc.err); got != tc.want {
 			t.Errorf("%s: isTransient(%v) = %v, want %v", tc.name, tc.err, got, tc.want)
 		}
+	}
+}
+
+// A call held up by an outage goes on within a second of the API server's
+// return: while the server does not answer, retryAPI tries every
+// unansweredRetry, not on a back-off grown over the outage (2, 4, 8, 16 s:
+// an event's finish, its Lease release, caught in a 6 s outage, went on
+// 8 s after the server was back, and the next event was claimed late,
+// test/e2e TestClaimsAfterEveryOutage). A server that answers with a
+// refusal (503, 429) keeps the exponential back-off.
+func TestRetryAPICadence(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		err  error
+		want []time.Duration // the time of each try, from the first
+	}{
+		{"refused", dialErr(syscall.ECONNREFUSED), []time.Duration{0, time.Second, 2 * time.Second, 3 * time.Second, 4 * time.Second, 5 * time.Second}},
+		{"unavailable", apierrors.NewServiceUnavailable("etcd"), []time.Duration{0, 2 * time.Second, 6 * time.Second, 14 * time.Second, 30 * time.Second, 60 * time.Second}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			start := time.Date(2026, 12, 6, 12, 0, 0, 0, time.UTC)
+			clk := clocktesting.NewFakeClock(start)
+			e := newOfflineEngine(t, clk)
+			var mu sync.Mutex
+			var tries []time.Duration
+			done := make(chan error, 1)
+			go func() {
+				_, err := e.retryAPI(context.Background(), func(context.Context) (bool, error) {
+					mu.Lock()
+					defer mu.Unlock()
+					tries = append(tries, clk.Since(start))
+					if len(tries) < len(tc.want) {
+						return false, tc.err
+					}
+					return true, nil
+				})
+				done <- err
+			}()
+			for {
+				select {
+				case err := <-done:
+					mu.Lock()
+					defer mu.Unlock()
+					if err != nil || !slices.Equal(tries, tc.want) {
+						t.Fatalf("tries at %v (err %v), want at %v", tries, err, tc.want)
+					}
+					return
+				default:
+				}
+				if clk.HasWaiters() {
+					clk.Step(250 * time.Millisecond)
+				} else {
+					time.Sleep(time.Millisecond)
+				}
+			}
+		})
 	}
 }
