@@ -247,6 +247,9 @@ func (e *Engine) finish(ctx context.Context, a *active, outcome journal.Outcome,
 			return
 		}
 	}
+	// No renewal after this point: one in flight finishes first, so the
+	// releases below are the last writes of this event to its Leases.
+	a.renew.end()
 	for _, f := range []func(context.Context) (bool, error){
 		func(c context.Context) (bool, error) {
 			slot := a.heldSlot()
@@ -261,6 +264,7 @@ func (e *Engine) finish(ctx context.Context, a *active, outcome journal.Outcome,
 			e.log.Warn("finishing: API call failed", "event", a.name, "err", err)
 		}
 	}
+	// gofail: var engineAfterLeaseRelease struct{}
 	if ctx.Err() != nil {
 		return
 	}

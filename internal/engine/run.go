@@ -48,6 +48,10 @@ type active struct {
 	// notices wait for the next snapshot, which queues them (note).
 	notices []journal.Notice
 
+	// renew is the running renewLoop's, ended by finish before the
+	// Leases are released (nil outside execute).
+	renew *renewal
+
 	mu         sync.Mutex
 	cancelErr  error
 	cancelStep context.CancelFunc
@@ -114,7 +118,9 @@ func (e *Engine) execute(ctx context.Context, a *active) {
 	}()
 	renewCtx, stopRenew := context.WithCancel(ctx)
 	defer stopRenew()
-	go e.renewLoop(renewCtx, a)
+	a.renew = &renewal{stop: make(chan struct{}), done: make(chan struct{})}
+	defer a.renew.end()
+	go e.renewLoop(ctx, a, a.renew)
 	if a.resumed {
 		// The event may have been deleted while the agent was down: ask
 		// before anything is done (offline, this proves nothing and the
@@ -495,11 +501,36 @@ func (e *Engine) guardLoop(ctx context.Context, a *active) {
 	}
 }
 
-// renewLoop renews the node Lease and the slot while the event runs.
-func (e *Engine) renewLoop(ctx context.Context, a *active) {
+// renewal stops an event's renewLoop.
+type renewal struct {
+	once sync.Once
+	stop chan struct{} // closed by end
+	done chan struct{} // closed by renewLoop as it returns
+}
+
+// end stops the renewal and waits for a renewal in flight to finish, so
+// that none lands after the Leases' release (finish): one that did would
+// take the just-released node Lease or slot back for an event that has
+// ended, held at rest until it expired (a renewal reads a released Lease
+// as free). Idempotent; nil (no renewal) does nothing.
+func (r *renewal) end() {
+	if r == nil {
+		return
+	}
+	r.once.Do(func() { close(r.stop) })
+	<-r.done
+}
+
+// renewLoop renews the node Lease and the slot while the event runs, until
+// r.end or ctx's end. A renewal in flight is not cut short by end: it
+// finishes (or fails) before end returns.
+func (e *Engine) renewLoop(ctx context.Context, a *active, r *renewal) {
+	defer close(r.done)
 	for {
 		select {
 		case <-ctx.Done():
+			return
+		case <-r.stop:
 			return
 		case <-e.cfg.Clock.After(e.cfg.LeaseDuration / 3):
 		}

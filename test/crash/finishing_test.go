@@ -159,3 +159,39 @@ func finishedOnce(t *testing.T, c *crashCase) {
 		t.Errorf("the journal's history holds %s %d times; want once", c.event, runs)
 	}
 }
+
+// A renewal of the node Lease that lands after the finish released it
+// takes the Lease back for an event that has ended: held at rest, by this
+// agent for an event that is over, until it expires (40 s), and no other
+// identity of the node can claim meanwhile (a renewal reads a released
+// Lease as free). The renewal loop ran until execute returned, after the
+// releases; found by a review of chaos invariant 7's race. The failpoint
+// holds the finish 15 s after the releases, across the loop's tick (every
+// LeaseDuration/3, 13.3 s); at rest the node Lease must have no holder.
+func TestNoLeaseRenewalAfterRelease(t *testing.T) {
+	c, lc, _, _ := compoundCase(t, "compound-renew-release", false)
+	ctx := context.Background()
+	a := c.start(t, `engineAfterLeaseRelease=sleep(15000)`)
+	waitFor(t, "transition published", 60*time.Second, a, func() bool {
+		_, err := lc.Transitions.Get(ctx, c.node+"-uncordon", metav1.GetOptions{})
+		return err == nil
+	})
+	createDrain(t, lc, c, c.event, "uncordon")
+	state := func() string {
+		st, err := statusFromSocket(ctx, c.socket())
+		if err != nil {
+			return err.Error()
+		}
+		return st.State
+	}
+	waitFor(t, "the agent idle after the event (the failpoint holds its finish 15 s)", 90*time.Second, a, func() bool {
+		ev, err := lc.Events.Get(ctx, c.event, metav1.GetOptions{})
+		return err == nil && ev.Status.ClaimStatus == v1alpha1.LifecycleEventSucceeded && state() == "idle"
+	}, state)
+	if holder := leaseHolder(t, lc, apiclient.NodeLeaseName(c.node)); holder != "" {
+		t.Errorf("node Lease %s held at rest by %s: renewed after the finish released it", apiclient.NodeLeaseName(c.node), holder)
+	}
+	if err := a.stop(30 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+}
