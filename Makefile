@@ -80,7 +80,7 @@ test: lint kubebin deb ## everything: lint, unit, real-apiserver, D-Bus, packagi
 	wait $$gopid; gotests=$$?; \
 	if [ $$gotests -ne 0 ]; then \
 	  echo "make test: the Go tests' failing lines (their whole output is above, prefixed [go], and in $$golog):"; \
-	  grep -E -A6 '^(\s*--- FAIL|panic:|fatal error:|WARNING: DATA RACE)' $$golog | cut -c1-300 | tail -120; \
+	  grep -E -A12 '^(\s*--- FAIL|panic:|fatal error:|WARNING: DATA RACE)' $$golog | cut -c1-300 | tail -120; \
 	  echo "make test: the Go tests that failed:"; \
 	  grep -E '^(\s*--- FAIL|FAIL\s|panic:|fatal error:|WARNING: DATA RACE)' $$golog | cut -c1-200 | tail -20; fi; \
 	echo "make test: Go packages exit $$gotests, VM tests exit $$vm"; \
