@@ -9,8 +9,9 @@
 //     that tells, from the journal's intent record (attempt, boot ID), whether
 //     the action already happened. The engine calls Done before re-running a
 //     step whose intent was committed but whose completion was not.
-//   - NeedsAPI steps are retried with backoff while the API server is
-//     unreachable; the others run offline.
+//   - NeedsAPI steps are retried while the API server is unreachable
+//     (every second while it cannot be reached, on a back-off otherwise:
+//     engine retryWait); the others run offline.
 //   - Disruptive steps wait for a disruption-budget slot when the event has
 //     spec.disruption.
 //   - What a step changes and must undo on abort (our cordon) is recorded

@@ -106,6 +106,17 @@ func (r Readiness) validate(m map[string]string) error {
 // why it is still cordoned; both change only when that message does.
 const ReadinessWaiting = "waiting for the node's workloads before the uncordon: "
 
+// StaleReadyGrace is how long from the wait's start a DaemonSet pod whose
+// Ready predates the current boot is not counted (readiness.Config.NotReady
+// with the boot time): the new boot's kubelet posts every pod's status
+// within seconds of reporting the Node Ready (1.4 s in the VM), which the
+// wait follows. Past it the pod's status is taken as it reads, so that a
+// clock stepped after the kubelet wrote the condition (an RTC that lagged,
+// set right by NTP later: the boot time moves with the step, the
+// condition's time does not) costs at most this much, not the whole
+// readiness.timeout.
+const StaleReadyGrace = 30 * time.Second
+
 // lastLook bounds the one check a wait resumed past its deadline makes.
 const lastLook = 10 * time.Second
 
@@ -232,11 +243,19 @@ func (r Readiness) step() Step {
 		missing := ""    // what was not ready at the last poll that read the API
 		var apiErr error // the last poll's error; nil when it read the API
 		down := false    // the last poll failed
+		began := rt.StepStarted()
+		if began.IsZero() {
+			began = clk.Now()
+		}
 		for {
 			polled := clk.Now()
 			pctx, cancel := context.WithDeadline(ctx, pollBound)
 			pollBound = deadline
-			notReady, err := cfg.NotReady(pctx, api, snap, checks, run, rt.Host().BootTime())
+			var boot time.Time // zero: every Ready counts
+			if polled.Sub(began) < StaleReadyGrace {
+				boot = rt.Host().BootTime()
+			}
+			notReady, err := cfg.NotReady(pctx, api, snap, checks, run, boot)
 			cancel()
 			if ctx.Err() != nil {
 				return ctx.Err()

@@ -34,6 +34,9 @@ type pollState struct {
 	gpus    int64
 	dsReady bool
 	err     error
+	// readySince is the pod's Ready condition's lastTransitionTime (zero:
+	// none).
+	readySince time.Time
 }
 
 // scriptedAPI answers the n-th poll (GetNode, then NodePods) with
@@ -75,7 +78,8 @@ func (a *scriptedAPI) NodePods(ctx context.Context) ([]corev1.Pod, error) {
 	return []corev1.Pod{{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "kube-system", Name: "cni-x",
 			OwnerReferences: []metav1.OwnerReference{{Kind: "DaemonSet", Name: "cni", Controller: &yes}}},
-		Status: corev1.PodStatus{Phase: corev1.PodRunning, Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: ready}}},
+		Status: corev1.PodStatus{Phase: corev1.PodRunning, Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: ready,
+			LastTransitionTime: metav1.NewTime(s.readySince)}}},
 	}}, nil
 }
 
@@ -83,7 +87,12 @@ func (a *scriptedAPI) NodePods(ctx context.Context) ([]corev1.Pod, error) {
 // snapshot "8 GPUs and kube-system/cni Ready", polling every second.
 func readinessRun(t *testing.T, timeout time.Duration, cordoned bool, script ...pollState) (*fakeRuntime, error) {
 	t.Helper()
-	rt := newFake()
+	return readinessRunOn(t, newFake(), &scriptedAPI{script: script}, timeout, cordoned)
+}
+
+// readinessRunOn is readinessRun on rt and api.
+func readinessRunOn(t *testing.T, rt *fakeRuntime, api *scriptedAPI, timeout time.Duration, cordoned bool) (*fakeRuntime, error) {
+	t.Helper()
 	snap := readiness.Snapshot{Allocatable: map[string]int64{"nvidia.com/gpu": 8}, DaemonSets: []string{"kube-system/cni"}}
 	rt.params = map[string]string{ResolvedReadiness: snap.Encode()}
 	if cordoned {
@@ -91,8 +100,8 @@ func readinessRun(t *testing.T, timeout time.Duration, cordoned bool, script ...
 			t.Fatal(err)
 		}
 	}
-	r := Readiness{Config: readiness.Config{Timeout: timeout}, API: &scriptedAPI{script: script},
-		PollInterval: time.Second, Clock: pollClock{clocktesting.NewFakeClock(time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC))}}
+	r := Readiness{Config: readiness.Config{Timeout: timeout}, API: api,
+		PollInterval: time.Second, Clock: pollClock{clocktesting.NewFakeClock(readinessStart)}}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	return rt, r.step().Run(ctx, rt)
@@ -168,5 +177,42 @@ func TestReadinessTimeoutDuringOutage(t *testing.T) {
 				t.Errorf("cordon kept = %v, want %v", kept, tc.cordoned)
 			}
 		})
+	}
+}
+
+// After a reboot a DaemonSet pod whose Ready predates the boot (the status
+// the old boot left, until the new kubelet posts the pod's) does not count
+// for StaleReadyGrace from the wait's start, and the status says why; past
+// it the status is taken as it reads (a clock stepped after the kubelet
+// wrote it must not hold the node for the whole readiness.timeout). One
+// Ready in this boot counts at once.
+func TestReadinessStaleReadyGrace(t *testing.T) {
+	boot := readinessStart.Add(-2 * time.Minute)
+	stale := pollState{gpus: 8, dsReady: true, readySince: boot.Add(-time.Hour)}
+	rt := newFake()
+	rt.host.bootTime = boot
+	api := &scriptedAPI{script: []pollState{stale}}
+	rt, err := readinessRunOn(t, rt, api, time.Hour, true)
+	if err != nil {
+		t.Fatalf("the wait ended %v; want ready once StaleReadyGrace passed", err)
+	}
+	want := []string{
+		"checking the node's workloads before the uncordon (daemonsets, resources, conditions, up to 1h0m0s)",
+		ReadinessWaiting + "DaemonSet kube-system/cni has no Ready pod on the node (its pod's Ready is from before this boot: since 2026-12-01T10:58:00Z, the boot began 2026-12-01T11:58:00Z)",
+		"the node's workloads are ready: daemonsets, resources, conditions",
+	}
+	if got := rt.allProgress(); got != strings.Join(want, "\n") {
+		t.Errorf("progress:\n%s\nwant:\n%s", got, strings.Join(want, "\n"))
+	}
+	// One poll a second from 0 s: the one at 30 s counts the pod.
+	if want := int(StaleReadyGrace/time.Second) + 1; api.polls != want {
+		t.Errorf("ready at poll %d, want %d (StaleReadyGrace %s, a poll a second)", api.polls, want, StaleReadyGrace)
+	}
+
+	fresh := newFake()
+	fresh.host.bootTime = boot
+	fresh, err = readinessRunOn(t, fresh, &scriptedAPI{script: []pollState{{gpus: 8, dsReady: true, readySince: boot.Add(30 * time.Second)}}}, time.Hour, true)
+	if err != nil || strings.Contains(fresh.allProgress(), ReadinessWaiting) {
+		t.Fatalf("a pod Ready in this boot: %v, progress:\n%s", err, fresh.allProgress())
 	}
 }

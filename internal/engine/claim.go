@@ -709,11 +709,21 @@ func isTransient(err error) bool {
 	if errors.Is(err, context.Canceled) {
 		return false
 	}
-	// The node's own network not up (yet): at boot the agent may run
-	// before the route or the address is there, and the server's name
-	// may not resolve until it is.
+	return unreached(err) || timedOut(err)
+}
+
+// unreached reports whether err failed before any server answered: the
+// connection refused or reset, no route, the name not resolvable. The
+// node's own network not up (yet) reads so too: at boot the agent may run
+// before the route or the address is there, and the server's name may not
+// resolve until it is.
+func unreached(err error) bool {
+	var st apierrors.APIStatus
+	if err == nil || errors.As(err, &st) {
+		return false
+	}
 	for _, errno := range []syscall.Errno{syscall.ECONNREFUSED, syscall.ECONNRESET, syscall.ENETUNREACH, syscall.EHOSTUNREACH,
-		syscall.ENETDOWN, syscall.EHOSTDOWN, syscall.EADDRNOTAVAIL, syscall.EPIPE, syscall.ETIMEDOUT} {
+		syscall.ENETDOWN, syscall.EHOSTDOWN, syscall.EADDRNOTAVAIL} {
 		if errors.Is(err, errno) {
 			return true
 		}
@@ -723,14 +733,32 @@ func isTransient(err error) bool {
 		return true
 	}
 	s := err.Error()
-	for _, sub := range []string{"connection refused", "i/o timeout", "EOF", "no route to host", "connection reset",
-		"Client.Timeout", "client connection lost", "TLS handshake timeout", "broken pipe", "http2: client connection",
-		"network is unreachable"} {
+	for _, sub := range []string{"connection refused", "connection reset", "no route to host", "network is unreachable"} {
 		if strings.Contains(s, sub) {
 			return true
 		}
 	}
-	return errors.Is(err, context.DeadlineExceeded)
+	return false
+}
+
+// timedOut reports whether err is a try that timed out or lost its
+// connection without an answer.
+func timedOut(err error) bool {
+	var st apierrors.APIStatus
+	if err == nil || errors.As(err, &st) {
+		return false
+	}
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, syscall.ETIMEDOUT) || errors.Is(err, syscall.EPIPE) {
+		return true
+	}
+	s := err.Error()
+	for _, sub := range []string{"i/o timeout", "Client.Timeout", "TLS handshake timeout", "EOF", "client connection lost",
+		"http2: client connection", "broken pipe"} {
+		if strings.Contains(s, sub) {
+			return true
+		}
+	}
+	return false
 }
 
 var _ = drivers.Prefix

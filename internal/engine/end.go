@@ -243,12 +243,12 @@ func (e *Engine) finish(ctx context.Context, a *active, outcome journal.Outcome,
 		e.log.Warn("finishing: removing the finalizer failed; will retry", "event", a.name, "err", err)
 		e.setState(fmt.Sprintf("event %s: finishing (%s): removing the finalizer failed: %v", a.name, ended, err), "event", a.name)
 		e.alive()
-		if !e.sleep(ctx, backoff(i)) {
+		if !e.sleep(ctx, retryWait(i, err)) {
 			return
 		}
 	}
-	// No renewal after this point: one in flight finishes first, so the
-	// releases below are the last writes of this event to its Leases.
+	// No renewal after this point (one in flight is cancelled first), so
+	// the releases below are the last writes of this event to its Leases.
 	a.renew.end()
 	for _, f := range []func(context.Context) (bool, error){
 		func(c context.Context) (bool, error) {

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/lifecycle-agent/lifecycle-agent/api/v1alpha1"
@@ -118,9 +117,9 @@ func (e *Engine) execute(ctx context.Context, a *active) {
 	}()
 	renewCtx, stopRenew := context.WithCancel(ctx)
 	defer stopRenew()
-	a.renew = &renewal{stop: make(chan struct{}), done: make(chan struct{})}
+	a.renew = newRenewal(ctx)
 	defer a.renew.end()
-	go e.renewLoop(ctx, a, a.renew)
+	go e.renewLoop(a, a.renew)
 	if a.resumed {
 		// The event may have been deleted while the agent was down: ask
 		// before anything is done (offline, this proves nothing and the
@@ -302,22 +301,28 @@ func backoff(attempt int) time.Duration {
 }
 
 // unansweredRetry is how often a call is tried again while the API server
-// does not answer at all (refused, reset, unreachable, timed out): the
-// cadence of the main loop's direct list in an outage, so that work held
-// up by the outage (an event's finish, a step, the outbox) goes on within
-// a second of the server's return rather than after a back-off grown to
-// 30 s over the outage. A refused connection costs the server nothing;
-// a blackholed one is tried once per request timeout.
-const unansweredRetry = time.Second
+// cannot be reached at all (the connection refused or reset, no route, the
+// name not resolvable): the cadence of the main loop's direct list in an
+// outage, so that work held up by the outage (an event's finish, a step,
+// the outbox) goes on within a second of the server's return rather than
+// after a back-off grown to 30 s over the outage. Such a try costs the
+// server nothing. timedOutRetry caps the back-off after a try that timed
+// out or lost its connection (a blackholed link, or a server up but slow:
+// each try there costs a TLS handshake). An answer that refuses (429, 5xx,
+// a conflict) keeps the whole exponential back-off.
+const (
+	unansweredRetry = time.Second
+	timedOutRetry   = 5 * time.Second
+)
 
 // retryWait is how long to wait before the next try of a call whose
-// attempt-th try failed with err: backoff(attempt), but at most
-// unansweredRetry when the server gave no answer. An answer that refuses
-// (429, 5xx: an overloaded server) keeps the exponential back-off.
+// attempt-th try failed with err.
 func retryWait(attempt int, err error) time.Duration {
-	var st apierrors.APIStatus
-	if err != nil && !errors.As(err, &st) {
+	switch {
+	case unreached(err):
 		return min(backoff(attempt), unansweredRetry)
+	case timedOut(err):
+		return min(backoff(attempt), timedOutRetry)
 	}
 	return backoff(attempt)
 }
@@ -503,34 +508,41 @@ func (e *Engine) guardLoop(ctx context.Context, a *active) {
 
 // renewal stops an event's renewLoop.
 type renewal struct {
-	once sync.Once
-	stop chan struct{} // closed by end
-	done chan struct{} // closed by renewLoop as it returns
+	ctx    context.Context // the renewals' requests
+	cancel context.CancelFunc
+	done   chan struct{} // closed by renewLoop as it returns
 }
 
-// end stops the renewal and waits for a renewal in flight to finish, so
-// that none lands after the Leases' release (finish): one that did would
-// take the just-released node Lease or slot back for an event that has
-// ended, held at rest until it expired (a renewal reads a released Lease
-// as free). Idempotent; nil (no renewal) does nothing.
+func newRenewal(parent context.Context) *renewal {
+	ctx, cancel := context.WithCancel(parent)
+	return &renewal{ctx: ctx, cancel: cancel, done: make(chan struct{})}
+}
+
+// end stops the renewal and waits until renewLoop has returned, so that no
+// renewal is sent after the Leases' release (finish): one that was took
+// the just-released node Lease or slot back for an event that had ended,
+// held at rest until it expired (a renewal reads a released Lease as
+// free). A renewal in flight is cancelled rather than waited for (a
+// silent server would hold it for the request timeout, per slot); if it
+// still lands it carries the resourceVersion it read, so it lands before
+// the release (which then reads it again on its 409) or is refused.
+// Idempotent; nil (no renewal) does nothing.
 func (r *renewal) end() {
 	if r == nil {
 		return
 	}
-	r.once.Do(func() { close(r.stop) })
+	r.cancel()
 	<-r.done
 }
 
 // renewLoop renews the node Lease and the slot while the event runs, until
-// r.end or ctx's end. A renewal in flight is not cut short by end: it
-// finishes (or fails) before end returns.
-func (e *Engine) renewLoop(ctx context.Context, a *active, r *renewal) {
+// r.end or ctx's end.
+func (e *Engine) renewLoop(a *active, r *renewal) {
 	defer close(r.done)
+	ctx := r.ctx
 	for {
 		select {
 		case <-ctx.Done():
-			return
-		case <-r.stop:
 			return
 		case <-e.cfg.Clock.After(e.cfg.LeaseDuration / 3):
 		}

@@ -64,8 +64,9 @@ func TestIsTransient(t *testing.T) {
 // unansweredRetry, not on a back-off grown over the outage (2, 4, 8, 16 s:
 // an event's finish, its Lease release, caught in a 6 s outage, went on
 // 8 s after the server was back, and the next event was claimed late,
-// test/e2e TestClaimsAfterEveryOutage). A server that answers with a
-// refusal (503, 429) keeps the exponential back-off.
+// test/e2e TestClaimsAfterEveryOutage). A try that timed out waits at most
+// timedOutRetry; a server that answers with a refusal (503, 429) keeps the
+// exponential back-off.
 func TestRetryAPICadence(t *testing.T) {
 	for _, tc := range []struct {
 		name string
@@ -73,6 +74,7 @@ func TestRetryAPICadence(t *testing.T) {
 		want []time.Duration // the time of each try, from the first
 	}{
 		{"refused", dialErr(syscall.ECONNREFUSED), []time.Duration{0, time.Second, 2 * time.Second, 3 * time.Second, 4 * time.Second, 5 * time.Second}},
+		{"timed out", fmt.Errorf("apiclient: release node lease: %w", context.DeadlineExceeded), []time.Duration{0, 2 * time.Second, 6 * time.Second, 11 * time.Second, 16 * time.Second, 21 * time.Second}},
 		{"unavailable", apierrors.NewServiceUnavailable("etcd"), []time.Duration{0, 2 * time.Second, 6 * time.Second, 14 * time.Second, 30 * time.Second, 60 * time.Second}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

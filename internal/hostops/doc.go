@@ -14,8 +14,8 @@
 //     be read, since every reboot decision rests on it).
 //   - BootTime: /proc/stat btime, read again at each call (a clock stepped
 //     after the boot moves it; a failed read answers the last one and logs
-//     once). NewReal fails when it cannot be read. The readiness check
-//     compares the kubelet's pod condition times with it.
+//     once; none read: the zero time). The readiness check compares the
+//     kubelet's pod condition times with it.
 //   - Reboot: the logind lock discipline of internal/host (its rule 6).
 //     The agent holds a delay lock on "shutdown" for its whole life, and
 //     logind waits up to InhibitDelayMaxSec (5 s by default) for every

@@ -138,12 +138,10 @@ func NewReal(cfg RealConfig) (*Real, error) {
 	if err != nil {
 		return nil, fmt.Errorf("hostops: %w", err)
 	}
-	bt, err := cfg.Paths.BootTime()
-	if err != nil {
-		return nil, fmt.Errorf("hostops: %w", err)
-	}
-	return &Real{cfg: cfg, log: cfg.Logger, clock: cfg.Clock, runner: cfg.Runner, bootID: id,
-		bootTime: bt, locks: map[*host.InhibitLock]struct{}{}}, nil
+	r := &Real{cfg: cfg, log: cfg.Logger, clock: cfg.Clock, runner: cfg.Runner, bootID: id,
+		locks: map[*host.InhibitLock]struct{}{}}
+	r.BootTime() // read once now: logged here if it cannot be
+	return r, nil
 }
 
 // BootID is this boot's ID, read once by NewReal.
@@ -151,7 +149,8 @@ func (r *Real) BootID() string { return r.bootID }
 
 // BootTime is when this boot began (/proc/stat btime), read again at each
 // call: a clock stepped after the boot moves it. A failed read returns the
-// last one read (NewReal's at least) and logs the error once.
+// last one read (the zero time if none was: the readiness check then takes
+// every pod's Ready as it reads) and logs the error once.
 func (r *Real) BootTime() time.Time {
 	bt, err := r.cfg.Paths.BootTime()
 	r.mu.Lock()

@@ -181,11 +181,6 @@ func TestNewReal(t *testing.T) {
 	}{
 		{name: "no logind", cfg: RealConfig{Paths: hostFiles(t)}, wantErr: "RealConfig.Logind is required"},
 		{name: "no boot ID", cfg: RealConfig{Logind: lg, Paths: host.Paths{BootIDFile: "/nonexistent/boot_id"}}, wantErr: "read boot ID"},
-		{name: "no boot time", cfg: RealConfig{Logind: lg, Paths: func() host.Paths {
-			p := hostFiles(t)
-			p.ProcStatFile = "/nonexistent/stat"
-			return p
-		}()}, wantErr: "read boot time"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -218,6 +213,15 @@ func TestRealFacts(t *testing.T) {
 	writeFile(t, p.ProcStatFile, "btime 1765000120\n")
 	if got := r.BootTime(); !got.Equal(time.Unix(1765000120, 0)) {
 		t.Errorf("BootTime after the clock stepped = %v, want %v", got, time.Unix(1765000120, 0))
+	}
+	// Never readable: the zero time (the readiness check then takes every
+	// pod's Ready as it reads), and the agent still starts.
+	p2 := hostFiles(t)
+	p2.ProcStatFile = "/nonexistent/stat"
+	if r2, err := NewReal(RealConfig{Logind: lg, Paths: p2}); err != nil {
+		t.Errorf("without /proc/stat: NewReal %v; want it started", err)
+	} else if bt := r2.BootTime(); !bt.IsZero() {
+		t.Errorf("without /proc/stat: BootTime %v, want the zero time", bt)
 	}
 	// Unreadable: the last one read.
 	writeFile(t, p.ProcStatFile, "cpu 1\n")

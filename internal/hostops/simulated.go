@@ -90,6 +90,7 @@ type Simulated struct {
 	bootID  string // last read or written
 	lastErr string // last boot ID read error logged, to log each only once
 	actions []Action
+	btErr   sync.Once // the boot time's read error is logged once
 }
 
 var _ drivers.HostOps = (*Simulated)(nil)
@@ -161,7 +162,9 @@ func (s *Simulated) BootID() string {
 func (s *Simulated) BootTime() time.Time {
 	bt, err := s.cfg.Paths.BootTime()
 	if err != nil {
-		s.log.Warn("reading the real host's boot time failed", "err", err)
+		s.btErr.Do(func() {
+			s.log.Warn("reading the real host's boot time failed; pods' Ready taken as they read", "err", err)
+		})
 		return time.Time{}
 	}
 	return bt

@@ -153,10 +153,16 @@
 //
 // So NotReady counts a DaemonSet pod as Ready only when its Ready
 // condition's lastTransitionTime is at or after the current boot's start
-// (drivers.HostOps.BootTime: /proc/stat btime, read again at each look,
-// since a clock stepped after the boot moves it), and says why it waits:
-// "DaemonSet ns/name has no Ready pod on the node (its pod's Ready is from
-// before this boot: since …, the boot began …)". Decisions:
+// (drivers.HostOps.BootTime: /proc/stat btime, read again at each look),
+// and says why it waits: "DaemonSet ns/name has no Ready pod on the node
+// (its pod's Ready is from before this boot: since …, the boot began …)".
+// The wait (drivers.Readiness) applies this for drivers.StaleReadyGrace
+// (30 s) from its start and then takes the pod's status as it reads: the
+// new kubelet posts every pod within seconds of the Node's Ready, which the
+// wait follows, and a clock stepped forward after the kubelet wrote the
+// condition (an RTC that lagged, set right by NTP later) moves btime but
+// not the condition's time, so without the bound such a node would wait
+// out readiness.timeout and stay cordoned. Decisions:
 //
 //   - both times are this host's clock: the kubelet that writes the
 //     condition runs here. The API keeps whole seconds, so the boot time is
@@ -175,7 +181,9 @@
 //   - simulate mode: BootTime is the real host's, since a simulated reboot
 //     restarts nothing and every pod status is this real boot's.
 //
-// Tests: TestDaemonSetReadyFromAnEarlierBoot here; test/e2e
+// Tests: TestDaemonSetReadyFromAnEarlierBoot here; internal/drivers
+// TestReadinessStaleReadyGrace (the grace, then the status as it reads);
+// test/e2e
 // TestReadinessReadyFromAnEarlierBoot through the agent as wired (the pod's
 // Ready dated before the machine's boot holds the node cordoned, its
 // status saying so, until the pod is Ready again); the VM scenario

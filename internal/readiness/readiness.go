@@ -236,13 +236,14 @@ func readyDaemonSets(pods []corev1.Pod, boot time.Time) (ready []string, stale m
 	return ready, stale
 }
 
-// readySince is when p's Ready condition last changed (the kubelet sets it
-// to True with the time); ok is false when the condition carries no time,
-// as a status not written by a kubelet may.
+// readySince is when p's Ready condition (the first, the one podReady
+// judges) last changed: the kubelet sets it to True with the time. ok is
+// false when the condition carries no time, as a status not written by a
+// kubelet may.
 func readySince(p *corev1.Pod) (time.Time, bool) {
 	for _, c := range p.Status.Conditions {
-		if c.Type == corev1.PodReady && !c.LastTransitionTime.IsZero() {
-			return c.LastTransitionTime.Time, true
+		if c.Type == corev1.PodReady {
+			return c.LastTransitionTime.Time, !c.LastTransitionTime.IsZero()
 		}
 	}
 	return time.Time{}, false
