@@ -83,6 +83,7 @@ test: lint kubebin deb ## everything: lint, unit, real-apiserver, D-Bus, packagi
 	  grep -E -A12 '^(\s*--- FAIL|panic:|fatal error:|WARNING: DATA RACE)' $$golog | cut -c1-300 | tail -120; \
 	  echo "make test: the Go tests that failed:"; \
 	  grep -E '^(\s*--- FAIL|FAIL\s|panic:|fatal error:|WARNING: DATA RACE)' $$golog | cut -c1-200 | tail -20; fi; \
+	[ $$gotests -ne 0 ] || rm -f $$golog; \
 	echo "make test: Go packages exit $$gotests, VM tests exit $$vm"; \
 	[ $$gotests -eq 0 ] && [ $$vm -eq 0 ]
 	$(MAKE) --no-print-directory bench-ci

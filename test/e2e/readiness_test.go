@@ -102,6 +102,23 @@ func (r *readinessNode) setReady(ready bool) {
 	}
 }
 
+// waitMessage waits (a minute at most) until event name's status message
+// contains every one of want, and returns it.
+func (r *readinessNode) waitMessage(name, what string, want ...string) string {
+	r.t.Helper()
+	lc := clients(r.t, env.AdminConfig())
+	var msg string
+	waitFor(r.t, what, time.Minute, func() bool {
+		ev, err := lc.Events.Get(context.Background(), name, metav1.GetOptions{})
+		if err != nil {
+			return false
+		}
+		msg = ev.Status.Message
+		return !slices.ContainsFunc(want, func(w string) bool { return !strings.Contains(msg, w) })
+	})
+	return msg
+}
+
 // startReboot creates a reboot event while the Node is NotReady, so the
 // event stops at wait-ready after the (simulated) reboot; it returns once
 // the reboot step is done, with the claim-time snapshot taken.
@@ -132,15 +149,7 @@ func TestReadinessBeforeUncordon(t *testing.T) {
 	r.setReady(true)
 	lc := clients(t, env.AdminConfig())
 	want := []string{"DaemonSet ready-node/device-plugin has no Ready pod on the node", "allocatable nvidia.com/gpu is 0 of 8"}
-	var msg string
-	waitFor(t, "the event's status naming what is not back", time.Minute, func() bool {
-		ev, err := lc.Events.Get(context.Background(), "ready-1", metav1.GetOptions{})
-		if err != nil {
-			return false
-		}
-		msg = ev.Status.Message
-		return strings.Contains(msg, want[0]) && strings.Contains(msg, want[1])
-	})
+	r.waitMessage("ready-1", "the event's status naming what is not back", want...)
 	if !getNode(t, node).Spec.Unschedulable {
 		t.Fatal("the node was uncordoned while its DaemonSet pod and GPUs were not back")
 	}
@@ -193,17 +202,8 @@ func TestReadinessReadyFromAnEarlierBoot(t *testing.T) {
 	r.startReboot("ready-boot-1")
 	r.setPodReadyAt(true, boot.Add(-time.Hour))
 	r.setReady(true)
-	lc := clients(t, env.AdminConfig())
-	want := "DaemonSet ready-boot-node/device-plugin has no Ready pod on the node (its pod's Ready is from before this boot"
-	var msg string
-	waitFor(t, "the event's status naming the pod's Ready from before this boot", time.Minute, func() bool {
-		ev, err := lc.Events.Get(context.Background(), "ready-boot-1", metav1.GetOptions{})
-		if err != nil {
-			return false
-		}
-		msg = ev.Status.Message
-		return strings.Contains(msg, want)
-	})
+	msg := r.waitMessage("ready-boot-1", "the event's status naming the pod's Ready from before this boot",
+		"DaemonSet ready-boot-node/device-plugin has no Ready pod on the node (its pod's Ready is from before this boot")
 	if !getNode(t, node).Spec.Unschedulable {
 		t.Fatalf("the node was uncordoned on a pod Ready from before this boot: %q", msg)
 	}
