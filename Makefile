@@ -181,8 +181,14 @@ VM_TEST_TIMEOUT ?= 60m
 # 11m25s, test/crash 6m44s, TestRealNode 9m45s). Warm and quiet at
 # 2f5395a: 29m58s wall, 46.4 CPU-minutes, but TestRealNode failed after
 # 4m18s ((k): a DaemonSet pod's Ready left from the old boot passed the
-# readiness check, a race in internal/readiness, not yet fixed), where a
+# readiness check, a race in internal/readiness, fixed in 08e5205), where a
 # pass takes about 9m45s: about 35 minutes when it passes.
+# Warm, quiet, 2026-12-06 at 9488c53, clean worktree: **33m07s** wall,
+# 48.7 CPU-minutes, every test passed (test/e2e 11m07s, test/crash 6m18s,
+# test/packaging 1m48s, test/docs 1m24s beside test/vm 30m16s: harness
+# 4m28s, (g) 2m39s + 2m47s + 1m45s, TestRealNode 8m08s, (a) 1m09s, (b)
+# 1m09s, (c) 2m01s, (d) 1m54s, (e) 1m09s, (h) 1m01s, (f) 2m06s; then
+# bench-ci 1m: claim p50 14.4, p99 33.7 ms, 11 node requests per event).
 # VM_TESTS narrows it (a go test -run pattern) when working on one scenario.
 VM_TESTS ?= .
 
