@@ -712,16 +712,12 @@ func isTransient(err error) bool {
 	return unreached(err) || timedOut(err)
 }
 
-// unreached reports whether err failed before any server answered: the
-// connection refused or reset, no route, the name not resolvable. The
-// node's own network not up (yet) reads so too: at boot the agent may run
-// before the route or the address is there, and the server's name may not
-// resolve until it is.
+// unreached reports whether err, not an API status (the callers look for
+// one first), failed before any server answered: the connection refused or
+// reset, no route, the name not resolvable. The node's own network not up
+// (yet) reads so too: at boot the agent may run before the route or the
+// address is there, and the server's name may not resolve until it is.
 func unreached(err error) bool {
-	var st apierrors.APIStatus
-	if err == nil || errors.As(err, &st) {
-		return false
-	}
 	for _, errno := range []syscall.Errno{syscall.ECONNREFUSED, syscall.ECONNRESET, syscall.ENETUNREACH, syscall.EHOSTUNREACH,
 		syscall.ENETDOWN, syscall.EHOSTDOWN, syscall.EADDRNOTAVAIL} {
 		if errors.Is(err, errno) {
@@ -741,13 +737,9 @@ func unreached(err error) bool {
 	return false
 }
 
-// timedOut reports whether err is a try that timed out or lost its
-// connection without an answer.
+// timedOut reports whether err, not an API status, is a try that timed out
+// or lost its connection without an answer.
 func timedOut(err error) bool {
-	var st apierrors.APIStatus
-	if err == nil || errors.As(err, &st) {
-		return false
-	}
 	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, syscall.ETIMEDOUT) || errors.Is(err, syscall.EPIPE) {
 		return true
 	}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/lifecycle-agent/lifecycle-agent/api/v1alpha1"
@@ -115,8 +116,8 @@ func (e *Engine) execute(ctx context.Context, a *active) {
 		e.current = nil
 		e.mu.Unlock()
 	}()
-	renewCtx, stopRenew := context.WithCancel(ctx)
-	defer stopRenew()
+	guardCtx, stopGuard := context.WithCancel(ctx)
+	defer stopGuard()
 	a.renew = newRenewal(ctx)
 	defer a.renew.end()
 	go e.renewLoop(a, a.renew)
@@ -126,7 +127,7 @@ func (e *Engine) execute(ctx context.Context, a *active) {
 		// event goes on; the guard below looks again).
 		e.checkGone(ctx, a, true)
 	}
-	go e.guardLoop(renewCtx, a)
+	go e.guardLoop(guardCtx, a)
 
 	if a.jstate == journal.EventFinishing {
 		outcome, msg := e.journaledOutcome(a)
@@ -318,7 +319,10 @@ const (
 // retryWait is how long to wait before the next try of a call whose
 // attempt-th try failed with err.
 func retryWait(attempt int, err error) time.Duration {
+	var st apierrors.APIStatus
 	switch {
+	case err == nil || errors.As(err, &st):
+		// The server answered (429, 5xx, a conflict).
 	case unreached(err):
 		return min(backoff(attempt), unansweredRetry)
 	case timedOut(err):
