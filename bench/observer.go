@@ -8,6 +8,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
@@ -48,29 +49,74 @@ func (e *Env) Observe(ctx context.Context, nodeFn func(n *corev1.Node, at time.T
 	}
 	go watchLoop(ctx, evs.ResourceVersion, func(rv string) (watch.Interface, error) {
 		return e.LC.Events.Watch(ctx, metav1.ListOptions{ResourceVersion: rv, AllowWatchBookmarks: true})
+	}, func() (string, error) {
+		l, err := e.LC.Events.List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return "", err
+		}
+		o.relisted(l.Items, time.Now())
+		return l.ResourceVersion, nil
 	}, o.onEvent)
 	go watchLoop(ctx, nodes.ResourceVersion, func(rv string) (watch.Interface, error) {
 		return e.Core.CoreV1().Nodes().Watch(ctx, metav1.ListOptions{ResourceVersion: rv, AllowWatchBookmarks: true})
+	}, func() (string, error) {
+		l, err := e.Core.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return "", err
+		}
+		at := time.Now()
+		for i := range l.Items {
+			o.onNode(watch.Modified, &l.Items[i], at)
+		}
+		return l.ResourceVersion, nil
 	}, o.onNode)
 	return o, nil
 }
 
-// watchLoop keeps a watch open from rv, re-opening it where it ended.
-func watchLoop(ctx context.Context, rv string, open func(rv string) (watch.Interface, error), handle func(watch.EventType, runtime.Object, time.Time)) {
+// watchLoop keeps a watch open from rv, re-opening it where it ended. When
+// the server no longer has rv (an ERROR event: 410 "too old resource
+// version", after a compaction while the watch was closed; or the watch
+// refused with 410), what happened in between is lost to the watch:
+// relist lists again (reporting every object, and what is gone) and the
+// watch goes on from the list's resourceVersion. Re-watching from "now"
+// instead lost the deletions in between, and a wait for one could only
+// time out ("not deleted within 5m0s"): the observer's watch is closed by
+// the server like any slow watcher's when the harness process is saturated
+// (the 1,000-agent unfiltered scale case).
+func watchLoop(ctx context.Context, rv string, open func(rv string) (watch.Interface, error), relist func() (string, error), handle func(watch.EventType, runtime.Object, time.Time)) {
+	pause := func() bool {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(100 * time.Millisecond):
+			return true
+		}
+	}
 	for ctx.Err() == nil {
+		if rv == "" {
+			r, err := relist()
+			if err != nil {
+				if !pause() {
+					return
+				}
+				continue
+			}
+			rv = r
+		}
 		w, err := open(rv)
 		if err != nil {
-			select {
-			case <-ctx.Done():
+			if apierrors.IsResourceExpired(err) || apierrors.IsGone(err) {
+				rv = ""
+			}
+			if !pause() {
 				return
-			case <-time.After(100 * time.Millisecond):
 			}
 			continue
 		}
 		for ev := range w.ResultChan() {
 			at := time.Now()
 			if ev.Type == watch.Error {
-				rv = "" // too old: start again from now
+				rv = "" // too old (or another failure): list again, then watch from there
 				break
 			}
 			if m, err := metaRV(ev.Object); err == nil && m != "" {
@@ -81,6 +127,27 @@ func watchLoop(ctx context.Context, rv string, open func(rv string) (watch.Inter
 			}
 		}
 		w.Stop()
+	}
+}
+
+// relisted records a fresh list of the events: each as a change seen at at,
+// and every event seen before and missing from it as deleted at at (its
+// deletion happened while no watch was open; at is an upper bound).
+func (o *Observer) relisted(items []v1alpha1.LifecycleEvent, at time.Time) {
+	present := make(map[string]bool, len(items))
+	for i := range items {
+		present[items[i].Name] = true
+	}
+	o.mu.Lock()
+	for name := range o.final {
+		if !present[name] && o.gone[name].IsZero() {
+			o.gone[name] = at
+		}
+	}
+	o.notifyLocked()
+	o.mu.Unlock()
+	for i := range items {
+		o.onEvent(watch.Modified, &items[i], at)
 	}
 }
 
