@@ -50,7 +50,9 @@ func TestTrimAfterIdle(t *testing.T) {
 	want(0, 0)
 	step(time.Second, true)
 	want(1, 0)
-	step(dropAgainAfter, true)
+	// Every minute, not every 4: at 4, the idle service measured 26.9 MiB
+	// in one benchmark run and 31.7 MiB (goal 30) in the next.
+	step(time.Minute, true)
 	want(1, 1)
 	step(dropAgainAfter, true)
 	want(1, 2) // the trim once per idle period, the drop every dropAgainAfter
