@@ -181,6 +181,15 @@
 //   - simulate mode: BootTime is the real host's, since a simulated reboot
 //     restarts nothing and every pod status is this real boot's.
 //
+// Known gap: `systemctl soft-reboot` (systemd 254 and later) restarts
+// userspace on the same kernel, so btime and the boot ID stay: the rule
+// cannot tell that boot's pod statuses from the old ones, and the window
+// above is open again. The agent's own reboots are full reboots (logind's
+// Reboot); a soft-reboot made by someone else (an external OS upgrade's
+// pipeline, say) is not seen as a reboot at all, by this rule or by the
+// drivers' boot-ID checks (reboot, os-upgrade). Not handled: systemd's
+// SoftRebootsCount would tell one apart, and nothing here reads it yet.
+//
 // Tests: TestDaemonSetReadyFromAnEarlierBoot here; internal/drivers
 // TestReadinessStaleReadyGrace (the grace, then the status as it reads);
 // test/e2e
