@@ -22,11 +22,11 @@ import (
 // brought back meanwhile.
 const (
 	trimAfterIdle = time.Minute
-	// A minute: the unmapped cache grows back about 2 MiB a minute while
+	// A minute (it was 4): read-ahead brings unmapped pages back while
 	// idle (the watch's restarts and bookmarks fault in code nothing else
-	// runs, and each fault reads ahead). Every 4 minutes, the service's
-	// memory at the end of a 10-minute window was 26.9 MiB in one run and
-	// 31.7 in the next, depending on how long before it the last drop was.
+	// runs). Measured, it did not lower the idle figure (31.7 MiB at 4
+	// minutes, 31.6 at 1: docs/benchmarks.md section 5 says what the drop
+	// cannot release); kept, since it costs one fadvise call a minute.
 	dropAgainAfter = time.Minute
 )
 

@@ -50,8 +50,7 @@ func TestTrimAfterIdle(t *testing.T) {
 	want(0, 0)
 	step(time.Second, true)
 	want(1, 0)
-	// Every minute, not every 4: at 4, the idle service measured 26.9 MiB
-	// in one benchmark run and 31.7 MiB (goal 30) in the next.
+	// The unmapped cache is dropped again every minute (dropAgainAfter).
 	step(time.Minute, true)
 	want(1, 1)
 	step(dropAgainAfter, true)
