@@ -25,8 +25,10 @@ const (
 	// A minute (it was 4): read-ahead brings unmapped pages back while
 	// idle (the watch's restarts and bookmarks fault in code nothing else
 	// runs). Measured, it did not lower the idle figure (31.7 MiB at 4
-	// minutes, 31.6 at 1: docs/benchmarks.md section 5 says what the drop
-	// cannot release); kept, since it costs one fadvise call a minute.
+	// minutes, 31.6 at 1): on an executable mapping the kernel ignores
+	// MADV_RANDOM, so one new fault reads 5-7 MiB ahead, charged until the
+	// next drop (docs/benchmarks.md section 5). Kept: one fadvise call a
+	// minute.
 	dropAgainAfter = time.Minute
 )
 
