@@ -25,10 +25,10 @@ const (
 	// A minute (it was 4): read-ahead brings unmapped pages back while
 	// idle (the watch's restarts and bookmarks fault in code nothing else
 	// runs). Measured, it did not lower the idle figure (31.7 MiB at 4
-	// minutes, 31.6 at 1): on an executable mapping the kernel ignores
-	// MADV_RANDOM, so one new fault reads 5-7 MiB ahead, charged until the
-	// next drop (docs/benchmarks.md section 5). Kept: one fadvise call a
-	// minute.
+	// minutes, 31.6 at 1; a drop within 5 s of each major fault, tried
+	// and reverted, 31.5): what stays charged is cache the drop does not
+	// release, for a reason not established (docs/benchmarks.md section
+	// 5). Kept: one fadvise call a minute.
 	dropAgainAfter = time.Minute
 )
 
