@@ -293,6 +293,15 @@ func CurrentTable(path string) (string, error) {
 	return s[i+len(TableBegin) : j], nil
 }
 
+// CommitOf is BuildCommit(bi), or fallback (the commit the build script
+// named) where bi has no VCS stamp.
+func CommitOf(bi *debug.BuildInfo, fallback string) string {
+	if c := BuildCommit(bi); c != "" {
+		return c
+	}
+	return fallback
+}
+
 // BuildCommit is the commit in bi's VCS stamp, shortened to 7 characters,
 // with "-dirty" when the tree was modified; "" without a stamp.
 func BuildCommit(bi *debug.BuildInfo) string {

@@ -99,6 +99,21 @@ func TestBuildCommit(t *testing.T) {
 	}
 }
 
+// TestCommitOf: Go's VCS stamp wins; without one (a git worktree), the
+// commit the build script named.
+func TestCommitOf(t *testing.T) {
+	stamped := &debug.BuildInfo{Settings: []debug.BuildSetting{{Key: "vcs.revision", Value: "be87208aaaa"}, {Key: "vcs.modified", Value: "false"}}}
+	if got := CommitOf(stamped, "1234567"); got != "be87208" {
+		t.Errorf("stamped build: %q, want be87208", got)
+	}
+	if got := CommitOf(&debug.BuildInfo{}, "be87208"); got != "be87208" {
+		t.Errorf("unstamped build with a named commit: %q, want be87208", got)
+	}
+	if got := CommitOf(nil, ""); got != "" {
+		t.Errorf("nothing known: %q, want empty", got)
+	}
+}
+
 // TestScalePerEvent: the per-event figures of a scale run take the API
 // server's idle rate off its busy-window CPU and divide by the events.
 func TestScalePerEvent(t *testing.T) {

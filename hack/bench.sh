@@ -37,10 +37,15 @@ SCALE_DIAG="${BENCH_SCALE_DIAG:-0}"
 [[ -x bin/lifecycle-agent ]] || die "bin/lifecycle-agent not found: run make build (make bench does)"
 log "building bin/lifecycle-bench"
 # Stamped with the commit (each JSON result and the table's run column name
-# it); where git cannot stamp it (no .git, another owner), unstamped.
-if ! "$GO" build -buildvcs=true -tags "$TAGS" -o bin/lifecycle-bench ./bench/cmd/lifecycle-bench 2>/dev/null; then
-  log "WARNING: cannot stamp bin/lifecycle-bench with the git commit; the results will not name it"
-  "$GO" build -buildvcs=false -tags "$TAGS" -o bin/lifecycle-bench ./bench/cmd/lifecycle-bench
+# it); where git cannot stamp it (no .git, another owner), unstamped. Go's
+# stamp misses a git worktree (its .git is a file), so the commit git names
+# goes in too (-X main.commit; "-dirty" when the tree differs from it), and
+# is used where Go's stamp is missing.
+named=$(git rev-parse --short=7 HEAD 2>/dev/null || true)
+if [[ -n "$named" ]] && [[ -n "$(git status --porcelain 2>/dev/null)" ]]; then named="$named-dirty"; fi
+if ! "$GO" build -buildvcs=true -tags "$TAGS" -ldflags "-X main.commit=$named" -o bin/lifecycle-bench ./bench/cmd/lifecycle-bench 2>/dev/null; then
+  log "WARNING: cannot stamp bin/lifecycle-bench with Go's VCS stamp; the results name ${named:-no commit} (from git)"
+  "$GO" build -buildvcs=false -tags "$TAGS" -ldflags "-X main.commit=$named" -o bin/lifecycle-bench ./bench/cmd/lifecycle-bench
 fi
 
 # kubectl at the agent's client-go version (k8s.io/client-go v0.X.Y is

@@ -26,6 +26,11 @@ import (
 	"github.com/lifecycle-agent/lifecycle-agent/internal/journal"
 )
 
+// commit is the git commit hack/bench.sh names with -ldflags -X, for a
+// build Go cannot stamp (a git worktree: its .git is a file, which Go's
+// VCS stamping does not look for). Go's own stamp wins where there is one.
+var commit string
+
 func main() {
 	// The in-process agents' journal check re-executes this binary.
 	if len(os.Args) > 1 && os.Args[1] == bench.CheckFileArg {
@@ -83,7 +88,7 @@ func run(ctx context.Context, args []string) error {
 	}
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	bi, _ := debug.ReadBuildInfo()
-	res := &bench.Result{Scenario: name, Command: strings.TrimSpace("bin/lifecycle-bench " + name + " " + strings.Join(rest, " ")), Started: time.Now(), Commit: bench.BuildCommit(bi), Machine: bench.ThisMachine()}
+	res := &bench.Result{Scenario: name, Command: strings.TrimSpace("bin/lifecycle-bench " + name + " " + strings.Join(rest, " ")), Started: time.Now(), Commit: bench.CommitOf(bi, commit), Machine: bench.ThisMachine()}
 	var runner func() error
 	switch name {
 	case "claim":
