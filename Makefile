@@ -73,8 +73,8 @@ lint: ## gofmt + go vet
 # that a log read from its tail (CI's) names the test.
 # -count=1: every Go test runs, none is served from Go's test cache. Some
 # build binaries from the agent's sources out of the cache's sight
-# (test/crash's failpoint binary in TestMain, test/e2e's and test/docs'
-# go build), so a cached pass could predate the change it claims to test
+# (test/crash's failpoint binary in TestMain, test/e2e's, test/docs' and
+# test/plugin's go build), so a cached pass could predate the change it claims to test
 # (seen at d23d8c8: "ok test/crash (cached)" after an engine change).
 # bench-ci runs last, alone, so its figures compare from run to run.
 test: lint kubebin deb ## everything: lint, unit, real-apiserver, D-Bus, packaging and VM tests

@@ -113,10 +113,15 @@ func watchLoop(ctx context.Context, rv string, open func(rv string) (watch.Inter
 			}
 			continue
 		}
+		failed := false
 		for ev := range w.ResultChan() {
 			at := time.Now()
 			if ev.Type == watch.Error {
-				rv = "" // too old (or another failure): list again, then watch from there
+				// Too old (or another failure): list again, then watch
+				// from there. Items a relist reports are stamped with
+				// its time: a claim it is the first to show counts as
+				// later than it was, never earlier.
+				rv, failed = "", true
 				break
 			}
 			if m, err := metaRV(ev.Object); err == nil && m != "" {
@@ -127,6 +132,9 @@ func watchLoop(ctx context.Context, rv string, open func(rv string) (watch.Inter
 			}
 		}
 		w.Stop()
+		if failed && !pause() { // a failure that repeats does not spin
+			return
+		}
 	}
 }
 

@@ -67,14 +67,24 @@ func TestObserverSeesADeletionLostWithItsWatch(t *testing.T) {
 		watchLoop(ctx, "10", open, relist, func(typ watch.EventType, obj runtime.Object, at time.Time) { o.onEvent(typ, obj, at) })
 	}()
 
-	w := <-watches
+	next := func() *watch.FakeWatcher {
+		t.Helper()
+		select {
+		case w := <-watches:
+			return w
+		case <-time.After(5 * time.Second):
+			t.Fatal("no watch opened within 5s")
+			return nil
+		}
+	}
+	w := next()
 	w.Add(benchEvent("a-1", "11", ""))
 	w.Modify(benchEvent("a-1", "12", v1alpha1.LifecycleEventClaimed))
 	if _, err := o.Claimed(ctx, "a-1", 5*time.Second); err != nil {
 		t.Fatal(err)
 	}
 	w.Stop() // the server closed the watch; the observer re-watches from 12
-	w = <-watches
+	w = next()
 	// 12 was compacted while the watch was closed: the server says so, as
 	// an ERROR event.
 	w.Error(&apierrors.NewResourceExpired("too old resource version: 12 (40)").ErrStatus)
@@ -86,14 +96,18 @@ func TestObserverSeesADeletionLostWithItsWatch(t *testing.T) {
 		t.Fatalf("the event created while the watch was closed is not seen: %v", err)
 	}
 	// Then it watches on from the list, not from "now".
-	w = <-watches
+	w = next()
 	w.Delete(benchEvent("a-2", "42", v1alpha1.LifecycleEventSucceeded))
 	if _, err := o.Gone(ctx, "a-2", 5*time.Second); err != nil {
 		t.Fatal(err)
 	}
 	cancel()
 	w.Stop() // a real watch ends with ctx
-	<-done
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the watch loop did not end with its context")
+	}
 	mu.Lock()
 	defer mu.Unlock()
 	want := []string{"10", "12", "41", "41"}

@@ -47,10 +47,11 @@ const (
 //     that were touched (8 MiB around each fault on some virtual disks);
 //   - the heap the garbage collector has freed (debug.FreeOSMemory).
 //
-// From then on the executable's mappings are MADV_RANDOM: a fault reads
-// its page, not a read-ahead window (on executable mappings some kernels
-// read ahead anyway, so every dropAgainAfter while still idle the
-// unmapped cache is dropped again: a fadvise call, no reads). What the idle loop runs faults back in at
+// From then on the executable's mappings are MADV_RANDOM, meant to make a
+// fault read its page, not a read-ahead window; on executable mappings
+// some kernels ignore it (Linux 6.18 does: one fault reads 5-7 MiB ahead,
+// docs/bench/2026-12-07-exec-readahead), so every dropAgainAfter while
+// still idle the unmapped cache is dropped again: a fadvise call, no reads. What the idle loop runs faults back in at
 // once; an event's code comes back from the file when the next event runs:
 // the first claim after a trim is slower (benchmarks section 5 has the
 // figure), the next ones are not.
@@ -198,9 +199,10 @@ func pageOutExecutable() (int, error) {
 			}
 			continue
 		}
-		// From now on a fault reads the page it needs, not the device's
+		// Meant to make a fault read the page it needs, not the device's
 		// read-ahead window around it (8 MiB on some virtual disks): the
 		// idle loop's few pages would otherwise bring tens of MiB back.
+		// Some kernels ignore it on executable mappings (Linux 6.18).
 		_, _, _ = unix.Syscall(unix.SYS_MADVISE, r.start, r.end-r.start, unix.MADV_RANDOM)
 		n++
 	}
