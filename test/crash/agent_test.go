@@ -6,14 +6,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -45,7 +43,7 @@ drain:
 // journal; failpoints, when not empty, is GOFAIL_FAILPOINTS.
 func (c *crashCase) start(t *testing.T, failpoints string) *agentProc {
 	t.Helper()
-	port, err := freePort()
+	port, err := testenv.FreePort()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -65,7 +63,7 @@ func (c *crashCase) start(t *testing.T, failpoints string) *agentProc {
 		"--metrics-address", a.metrics, "--config", c.config())
 	cmd.Env = append(agentEnv(failpoints), c.extraEnv...)
 	if c.gofailHTTP {
-		fp, err := freePort()
+		fp, err := testenv.FreePort()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -259,32 +257,5 @@ func auditEvictions(ns string) (evictions, error) {
 	}
 	return ev, nil
 }
-
-// freePort returns a free TCP port on 127.0.0.1 below Linux's ephemeral
-// range (32768-60999): the agent gets it on its command line and binds it
-// a moment later, and a port from the ephemeral range (what Listen on :0
-// hands out) can be taken in between by any process's outgoing connection
-// or :0 listener (seen twice in 392 chaos schedules: "bind: address already
-// in use"). The agent refuses port 0 (metricsAddress wants a fixed port).
-func freePort() (int, error) {
-	for range 1000 {
-		p := int(nextPort.Add(1))%(32768-20000) + 20000
-		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
-		if err != nil {
-			continue
-		}
-		_ = l.Close()
-		return p, nil
-	}
-	return 0, errors.New("no free port in 20000-32767")
-}
-
-// nextPort walks 20000-32767 from a random start, so that two test
-// processes rarely try the same ports.
-var nextPort = func() *atomic.Int64 {
-	var n atomic.Int64
-	n.Store(rand.Int64N(32768 - 20000))
-	return &n
-}()
 
 var errTimeout = errors.New("timed out")

@@ -209,7 +209,7 @@ func TestRunExitCodes(t *testing.T) {
 	})
 
 	t.Run("6 unavailable", func(t *testing.T) {
-		port, err := freePort()
+		port, err := testenv.FreePort()
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -11,7 +11,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -175,7 +174,7 @@ func startAgent(t *testing.T, node string, extraEnv ...string) *agentProc {
 		"needs:\n  reboot:\n    sentinelFile: "+sentinel+"\n    interval: 200ms\ngpu:\n  resetMethod: nvml\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	port, err := freePort()
+	port, err := testenv.FreePort()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -380,15 +379,6 @@ func waitFor(t *testing.T, what string, timeout time.Duration, f func() bool) {
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 func tail(path string, n int) string {
