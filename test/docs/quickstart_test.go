@@ -6,7 +6,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -394,11 +393,11 @@ func writeOfflineAgent(dir, agent string) (string, error) {
 	if err := os.Mkdir(d, 0o700); err != nil {
 		return "", err
 	}
-	port, err := freePort() // nothing listens there once freePort returns
+	port, err := testenv.FreePort() // nothing listens there once it returns
 	if err != nil {
 		return "", err
 	}
-	metrics, err := freePort()
+	metrics, err := testenv.FreePort()
 	if err != nil {
 		return "", err
 	}
@@ -554,7 +553,7 @@ func cleanEnviron(extra ...string) []string {
 // would, and returns a function that stops it (SIGTERM, then SIGKILL).
 func startAgent(t *testing.T, bin string, environ []string, logPath string) func() {
 	t.Helper()
-	port, err := freePort()
+	port, err := testenv.FreePort()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -622,15 +621,6 @@ func waitFor(ctx context.Context, d time.Duration, cond func() bool) error {
 		}
 	}
 	return nil
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 // tail returns the last lines of a log file.
