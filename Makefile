@@ -194,6 +194,10 @@ VM_TEST_TIMEOUT ?= 60m
 # 4m28s, (g) 2m39s + 2m47s + 1m45s, TestRealNode 8m08s, (a) 1m09s, (b)
 # 1m09s, (c) 2m01s, (d) 1m54s, (e) 1m09s, (h) 1m01s, (f) 2m06s; then
 # bench-ci 1m: claim p50 14.4, p99 33.7 ms, 11 node requests per event).
+# With -count=1 (every Go test runs), warm and quiet, 2026-12-07 at
+# bd1adff, clean worktree: 34m27s wall, 51.6 CPU-minutes, every test passed
+# (test/crash 6m38s, test/e2e 11m13s, TestRealNode 8m03s; bench-ci claim
+# p50 14.0, p99 19.3 ms).
 # VM_TESTS narrows it (a go test -run pattern) when working on one scenario.
 VM_TESTS ?= .
 
