@@ -15,6 +15,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/lifecycle-agent/lifecycle-agent/test/testenv"
 )
 
 // Daemon is bin/lifecycle-agent run, started as systemd would: with a
@@ -59,7 +61,7 @@ func StartDaemon(o DaemonOptions) (*Daemon, error) {
 	if err := os.WriteFile(cfgPath, []byte("# lifecycle-bench: everything on the command line\n"), 0o600); err != nil {
 		return nil, err
 	}
-	port, err := freePort()
+	port, err := testenv.FreePort()
 	if err != nil {
 		return nil, err
 	}
@@ -164,15 +166,6 @@ func (w *syncWriter) Write(p []byte) (int, error) {
 		return len(p), nil // keep the first 4 MiB
 	}
 	return w.b.Write(p)
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 // ScrapeGauges reads the agent's own /metrics and returns the samples of

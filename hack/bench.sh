@@ -43,9 +43,10 @@ log "building bin/lifecycle-bench"
 # is used where Go's stamp is missing.
 named=$(git rev-parse --short=7 HEAD 2>/dev/null || true)
 if [[ -n "$named" ]] && [[ -n "$(git status --porcelain 2>/dev/null)" ]]; then named="$named-dirty"; fi
-if ! "$GO" build -buildvcs=true -tags "$TAGS" -ldflags "-X main.commit=$named" -o bin/lifecycle-bench ./bench/cmd/lifecycle-bench 2>/dev/null; then
+build_bench() { "$GO" build "$1" -tags "$TAGS" -ldflags "-X main.commit=$named" -o bin/lifecycle-bench ./bench/cmd/lifecycle-bench; }
+if ! build_bench -buildvcs=true 2>/dev/null; then
   log "WARNING: cannot stamp bin/lifecycle-bench with Go's VCS stamp; the results name ${named:-no commit} (from git)"
-  "$GO" build -buildvcs=false -tags "$TAGS" -ldflags "-X main.commit=$named" -o bin/lifecycle-bench ./bench/cmd/lifecycle-bench
+  build_bench -buildvcs=false
 fi
 
 # kubectl at the agent's client-go version (k8s.io/client-go v0.X.Y is

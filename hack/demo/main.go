@@ -26,7 +26,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -236,7 +235,7 @@ func newAgent(env *testenv.Env, bin, dir, node string) (*agent, error) {
 func (a *agent) socket() string { return filepath.Join(a.dir, "agent.sock") }
 
 func (a *agent) start() error {
-	port, err := freePort()
+	port, err := testenv.FreePort()
 	if err != nil {
 		return err
 	}
@@ -342,15 +341,6 @@ func writeConfig(dir string) string {
 	p := filepath.Join(dir, "config.yaml")
 	_ = os.WriteFile(p, []byte("# demo: host actions simulated; retry PDB-refused evictions every second\nlogLevel: info\ndrain:\n  evictRetryDelay: 1s\n"), 0o600)
 	return p
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 func daemonSetPod(ctx context.Context, cfg *rest.Config) error {
