@@ -1,0 +1,17 @@
+package bench
+
+import (
+	"testing"
+	"time"
+)
+
+func TestSummarizeMem(t *testing.T) {
+	const mb = 1 << 20
+	w := SummarizeMem([]int64{16 * mb, 17 * mb, 33 * mb, 31 * mb, 16 * mb}, time.Second, 30*mb)
+	if w.Samples != 5 || w.Mean != (16+17+33+31+16)*mb/5 || w.P50 != 17*mb || w.Max != 33*mb || w.SecondsAbove != 2 {
+		t.Errorf("SummarizeMem = %+v; want 5 samples, mean 22.6 MiB, median 17, max 33, 2 s above 30 MiB", w)
+	}
+	if w := SummarizeMem(nil, time.Second, 30*mb); w.Samples != 0 || w.Max != 0 {
+		t.Errorf("SummarizeMem(nil) = %+v; want zeros", w)
+	}
+}
