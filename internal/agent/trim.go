@@ -17,19 +17,15 @@ import (
 )
 
 // trimAfterIdle is how long the engine must have been idle before the
-// agent releases the pages its start-up and its last event touched;
-// every dropAgainAfter while still idle it drops again what read-ahead
-// brought back meanwhile.
+// agent releases the pages its start-up and its last event touched.
+// After that, while still idle, it looks every faultCheckEvery at its
+// count of major faults and drops the executable's unmapped page cache
+// again when it rose (each new code fault reads ahead, below), and every
+// dropAgainAfter in any case (read-ahead still in flight at a drop).
 const (
-	trimAfterIdle = time.Minute
-	// A minute (it was 4): read-ahead brings unmapped pages back while
-	// idle (the watch's restarts and bookmarks fault in code nothing else
-	// runs). Measured, it did not lower the idle figure (31.7 MiB at 4
-	// minutes, 31.6 at 1; a drop within 5 s of each major fault, tried
-	// and reverted, 31.5): what stays charged is cache the drop does not
-	// release, for a reason not established (docs/benchmarks.md section
-	// 5). Kept: one fadvise call a minute.
-	dropAgainAfter = time.Minute
+	trimAfterIdle   = time.Minute
+	faultCheckEvery = 5 * time.Second
+	dropAgainAfter  = time.Minute
 )
 
 // trimmer releases, once the agent has been idle for trimAfterIdle, the
@@ -47,11 +43,17 @@ const (
 //     that were touched (8 MiB around each fault on some virtual disks);
 //   - the heap the garbage collector has freed (debug.FreeOSMemory).
 //
-// From then on the executable's mappings are MADV_RANDOM, meant to make a
-// fault read its page, not a read-ahead window; on executable mappings
-// some kernels ignore it (Linux 6.18 does: one fault reads 5-7 MiB ahead,
-// docs/bench/2026-12-07-exec-readahead), so every dropAgainAfter while
-// still idle the unmapped cache is dropped again: a fadvise call, no reads. What the idle loop runs faults back in at
+// From then on the executable's mappings are MADV_RANDOM: a fault reads
+// its page, not a read-ahead window. Some kernels ignore that on
+// executable mappings (Linux 6.18 does: one fault on the agent's code
+// reads 5-7 MiB ahead, docs/bench/2026-12-07-exec-readahead), and the
+// idle agent still faults in code now and then (a watch restart's path):
+// so while idle it drops the unmapped cache again within faultCheckEvery
+// of a major fault (a fadvise call, no reads). With a drop a minute
+// alone, a watch restart's faults left 6-16 MiB of read-ahead charged to
+// the service for up to a minute: in the benchmark's 10-minute window the
+// cgroup was above 30 MiB for about 64 s after the trim, 6 s with this
+// (docs/bench/2026-12-07-idle-ab). What the idle loop runs faults back in at
 // once; an event's code comes back from the file when the next event runs:
 // the first claim after a trim is slower (benchmarks section 5 has the
 // figure), the next ones are not.
@@ -64,14 +66,15 @@ const (
 type trimmer struct {
 	log    *slog.Logger
 	clock  clock.Clock
-	do     func() // the trim (tests replace it)
-	again  func() // the second drop of the unmapped cache (tests replace it)
+	do     func()       // the trim (tests replace it)
+	again  func()       // a later drop of the unmapped cache (tests replace it)
+	faults func() int64 // the process's major faults so far (tests replace it)
 	mu     sync.Mutex
 	cancel chan struct{}
 }
 
 func newTrimmer(log *slog.Logger, clk clock.Clock) *trimmer {
-	t := &trimmer{log: log, clock: clk}
+	t := &trimmer{log: log, clock: clk, faults: majorFaults}
 	t.do, t.again = t.trim, t.dropAgain
 	return t
 }
@@ -92,10 +95,13 @@ func (t *trimmer) state(s string) {
 	go t.idle(cancel)
 }
 
-// idle runs one idle period's trim, then the drop of the unmapped cache
-// every dropAgainAfter, until cancel closes.
+// idle runs one idle period's trim, then looks every faultCheckEvery and
+// drops the unmapped cache when major faults came since the last drop or
+// dropAgainAfter has passed, until cancel closes.
 func (t *trimmer) idle(cancel <-chan struct{}) {
-	run, after := t.do, trimAfterIdle
+	after, trimmed := trimAfterIdle, false
+	var last int64
+	var since time.Duration
 	for {
 		tm := t.clock.NewTimer(after)
 		select {
@@ -109,8 +115,16 @@ func (t *trimmer) idle(cancel <-chan struct{}) {
 			return
 		default:
 		}
-		run()
-		run, after = t.again, dropAgainAfter
+		if !trimmed {
+			t.do()
+			trimmed, after, last = true, faultCheckEvery, t.faults()
+			continue
+		}
+		since += faultCheckEvery
+		if n := t.faults(); n != last || since >= dropAgainAfter {
+			t.again()
+			last, since = n, 0
+		}
 	}
 }
 
@@ -199,10 +213,9 @@ func pageOutExecutable() (int, error) {
 			}
 			continue
 		}
-		// Meant to make a fault read the page it needs, not the device's
+		// From now on a fault reads the page it needs, not the device's
 		// read-ahead window around it (8 MiB on some virtual disks): the
 		// idle loop's few pages would otherwise bring tens of MiB back.
-		// Some kernels ignore it on executable mappings (Linux 6.18).
 		_, _, _ = unix.Syscall(unix.SYS_MADVISE, r.start, r.end-r.start, unix.MADV_RANDOM)
 		n++
 	}
@@ -210,6 +223,34 @@ func pageOutExecutable() (int, error) {
 		first = err
 	}
 	return n, first
+}
+
+// majorFaults is this process's count of major faults (/proc/self/stat
+// majflt), -1 if unknown.
+func majorFaults() int64 {
+	b, err := os.ReadFile("/proc/self/stat")
+	if err != nil {
+		return -1
+	}
+	return parseMajflt(string(b))
+}
+
+// parseMajflt reads majflt, field 12 of a /proc/<pid>/stat line; the
+// command name (field 2, in parentheses) may hold spaces and parentheses.
+func parseMajflt(stat string) int64 {
+	i := strings.LastIndexByte(stat, ')')
+	if i < 0 {
+		return -1
+	}
+	f := strings.Fields(stat[i+1:]) // from field 3 (state) on
+	if len(f) < 10 {
+		return -1
+	}
+	n, err := strconv.ParseInt(f[9], 10, 64)
+	if err != nil {
+		return -1
+	}
+	return n
 }
 
 // residentKiB is this process's resident set (VmRSS), 0 if unknown.

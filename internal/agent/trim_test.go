@@ -4,22 +4,27 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
 	clocktesting "k8s.io/utils/clock/testing"
 )
 
 // The trim comes once the engine has been idle for trimAfterIdle, once per
-// idle period; the drop of the unmapped cache every dropAgainAfter after
-// it; neither while an event runs or after the agent stopped.
+// idle period; after it, the drop of the unmapped cache within
+// faultCheckEvery of a major fault, and every dropAgainAfter anyway;
+// neither while an event runs or after the agent stopped.
 func TestTrimAfterIdle(t *testing.T) {
 	clk := clocktesting.NewFakeClock(time.Date(2026, 12, 6, 12, 0, 0, 0, time.UTC))
 	tr := newTrimmer(slog.New(slog.NewTextHandler(io.Discard, nil)), clk)
 	var trims, drops atomic.Int32
 	tr.do = func() { trims.Add(1) }
 	tr.again = func() { drops.Add(1) }
+	var faults atomic.Int64
+	tr.faults = func() int64 { return faults.Load() }
 	// step moves the clock once the idle goroutine waits on it (or right
 	// away when none should).
 	step := func(d time.Duration, waiting bool) {
@@ -50,30 +55,93 @@ func TestTrimAfterIdle(t *testing.T) {
 	want(0, 0)
 	step(time.Second, true)
 	want(1, 0)
-	// The unmapped cache is dropped again every minute (dropAgainAfter).
-	step(time.Minute, true)
+	// ticks moves the clock n looks of faultCheckEvery.
+	ticks := func(n int) {
+		t.Helper()
+		for range n {
+			step(faultCheckEvery, true)
+		}
+	}
+	// No fault: the next drop after dropAgainAfter.
+	ticks(int(dropAgainAfter/faultCheckEvery) - 1)
+	want(1, 0)
+	ticks(1)
 	want(1, 1)
-	step(dropAgainAfter, true)
-	want(1, 2) // the trim once per idle period, the drop every dropAgainAfter
+	// A fault (new code run while idle: it read ahead): dropped at the
+	// next look, not a minute later; then nothing while none comes.
+	ticks(2)
+	want(1, 1)
+	faults.Add(1)
+	ticks(1)
+	want(1, 2)
+	ticks(3)
+	want(1, 2)
+	faults.Add(3)
+	ticks(1)
+	want(1, 3) // the trim once per idle period, the drops as faults come
 
 	tr.state("event e: step cordon") // an event before the minute is up
 	tr.state("idle")
 	step(trimAfterIdle/2, true)
 	tr.state("event f: step cordon")
 	step(2*trimAfterIdle, false)
-	want(1, 2)
+	want(1, 3)
 	tr.state("idle")
 	step(trimAfterIdle, true)
-	want(2, 2)
+	want(2, 3)
 	tr.state("event g: step cordon") // before the next drop
+	faults.Add(1)
 	step(dropAgainAfter, false)
-	want(2, 2)
+	want(2, 3)
 
 	tr.state("idle")
 	step(time.Second, true)
 	tr.stop() // the agent stops: nothing pending runs
 	step(2*trimAfterIdle, false)
-	want(2, 2)
+	want(2, 3)
+}
+
+// TestMajorFaults: the count is read from /proc/self/stat (a number, and it
+// rises when a page of a file dropped from the cache is touched), and a
+// command name with spaces and parentheses does not shift the fields.
+func TestMajorFaults(t *testing.T) {
+	if got := parseMajflt("4242 (a) b (c)) S 1 4242 4242 0 -1 4194560 1234 0 77 0 5 6 0 0 20 0"); got != 77 {
+		t.Errorf("majflt of a stat line with a tricky name: %d, want 77", got)
+	}
+	if got := parseMajflt("garbage"); got != -1 {
+		t.Errorf("majflt of garbage: %d, want -1", got)
+	}
+	before := majorFaults()
+	if before < 0 {
+		t.Fatalf("majorFaults() = %d: /proc/self/stat unreadable", before)
+	}
+	p := filepath.Join(t.TempDir(), "f")
+	if err := os.WriteFile(p, make([]byte, 1<<20), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := f.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED); err != nil {
+		t.Fatal(err)
+	}
+	m, err := unix.Mmap(int(f.Fd()), 0, 1<<20, unix.PROT_READ, unix.MAP_PRIVATE)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(m) //nolint:errcheck
+	var sum byte
+	for i := 0; i < len(m); i += 4096 {
+		sum += m[i]
+	}
+	if after := majorFaults(); after <= before {
+		t.Errorf("major faults %d → %d after touching a dropped file's pages (sum %d)", before, after, sum)
+	}
 }
 
 // pageOutExecutable releases this (test) binary's read-only pages: the
