@@ -50,10 +50,11 @@ const (
 // idle agent still faults in code now and then (a watch restart's path):
 // so while idle it drops the unmapped cache again within faultCheckEvery
 // of a major fault (a fadvise call, no reads). With a drop a minute
-// alone, a watch restart's faults left 6-16 MiB of read-ahead charged to
-// the service for up to a minute: in the benchmark's 10-minute window the
-// cgroup was above 30 MiB for about 64 s after the trim, 6 s with this
-// (docs/bench/2026-12-07-idle-ab). What the idle loop runs faults back in at
+// alone, the idle code faulting back in right after the trim, and later a
+// watch restart's faults, left 6-18 MiB of read-ahead charged to the
+// service for up to a minute each: in the benchmark's 10-minute window the
+// cgroup was above 30 MiB for about 94 s, 36 s with this, about 30 s of
+// both before the trim (docs/bench/2026-12-07-idle-ab). What the idle loop runs faults back in at
 // once; an event's code comes back from the file when the next event runs:
 // the first claim after a trim is slower (benchmarks section 5 has the
 // figure), the next ones are not.
@@ -213,9 +214,10 @@ func pageOutExecutable() (int, error) {
 			}
 			continue
 		}
-		// From now on a fault reads the page it needs, not the device's
-		// read-ahead window around it (8 MiB on some virtual disks): the
-		// idle loop's few pages would otherwise bring tens of MiB back.
+		// Meant to make a later fault read the page it needs, not the
+		// device's read-ahead window around it (8 MiB on some virtual
+		// disks); some kernels ignore it on executable mappings (Linux
+		// 6.18 does), hence the drops after major faults (idle).
 		_, _, _ = unix.Syscall(unix.SYS_MADVISE, r.start, r.end-r.start, unix.MADV_RANDOM)
 		n++
 	}
