@@ -3,9 +3,9 @@
 # real control plane (test/testenv) on this machine, then rewrites the
 # results table of docs/benchmarks.md from the JSON results.
 #
-# Takes 45-60 minutes on 2 cores (the idle footprint alone is 10 minutes;
-# the first run also builds kubectl, ~6 minutes). The machine should be
-# otherwise idle: every figure is wall-clock time or CPU on shared cores.
+# Takes about 40 minutes on 2 cores (39m10s at 260fc3f; the idle footprint
+# alone is 12 minutes; the first run also builds kubectl, ~6 minutes). The
+# machine should be otherwise idle: every figure is wall-clock time or CPU on shared cores.
 #
 # Environment:
 #   BENCH_OUT            JSON results directory (default .cache/bench-results/<UTC time>)
