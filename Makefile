@@ -197,7 +197,9 @@ VM_TEST_TIMEOUT ?= 60m
 # With -count=1 (every Go test runs), warm and quiet, 2026-12-07 at
 # bd1adff, clean worktree: 34m27s wall, 51.6 CPU-minutes, every test passed
 # (test/crash 6m38s, test/e2e 11m13s, TestRealNode 8m03s; bench-ci claim
-# p50 14.0, p99 19.3 ms).
+# p50 14.0, p99 19.3 ms); at cfc43bc: 33m54s, 50.8 CPU-minutes, every
+# test passed (test/crash 6m31s, test/e2e 11m25s, TestRealNode 7m51s;
+# bench-ci claim p50 17.0, p99 26.3 ms).
 # VM_TESTS narrows it (a go test -run pattern) when working on one scenario.
 VM_TESTS ?= .
 
