@@ -183,7 +183,7 @@ func Idle(ctx context.Context, dir, bin string, warmup, window time.Duration, wa
 	}
 	first, last, peak := smp.Stop()
 	if cgs != nil {
-		w := SummarizeMem(cgs.stop(), time.Second, 30<<20)
+		w := SummarizeMem(cgs.stop(), time.Second, IdleMemGoal)
 		st.CgroupWindow = &w
 	}
 	c1, err := env.Scrape(ctx)
@@ -277,6 +277,10 @@ func Idle(ctx context.Context, dir, bin string, warmup, window time.Duration, wa
 	}
 	return st, nil
 }
+
+// IdleMemGoal is the idle agent's memory goal as systemd accounts the
+// service (row 5a; docs/benchmarks.md section 5).
+const IdleMemGoal = 30 << 20
 
 // scrapeSettle is how long after its scrape of the agent's /metrics the
 // harness reads the cgroup again: read-ahead completes asynchronously.

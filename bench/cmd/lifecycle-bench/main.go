@@ -382,7 +382,7 @@ func idle(ctx context.Context, res *bench.Result, dir, bin string, warm, d time.
 		}
 		row5a.Measured = fmt.Sprintf("%s %.1f MiB (peak %.1f; "+stat+"; at READY=1 %.1f); %s; %s",
 			cur, m(c.Current), m(c.Peak), m(c.Anon), m(c.File), m(c.FileMapped), m(ready), proc, cache)
-		row5a.Met = bench.Verdict(c.Current <= 30<<20)
+		row5a.Met = bench.Verdict(c.Current <= bench.IdleMemGoal)
 		if warmCache {
 			// The binary's pages were charged to whoever read them first
 			// (the build): not the service's figure at boot.
@@ -390,7 +390,7 @@ func idle(ctx context.Context, res *bench.Result, dir, bin string, warm, d time.
 		}
 	} else {
 		row5a.Measured = fmt.Sprintf("NO CGROUP (%s): %s; %s", st.NoCgroup, proc, cache)
-		row5a.Met = bench.Verdict(st.PeakRSS <= 30<<20)
+		row5a.Met = bench.Verdict(st.PeakRSS <= bench.IdleMemGoal)
 	}
 	res.Rows = []bench.Row{
 		row5a,
