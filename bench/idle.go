@@ -75,8 +75,13 @@ type IdleStats struct {
 	// of the window; CgroupAfterDrop 65 s later, after the agent's next
 	// drop of its unmapped cache.
 	// CgroupWindow is the cgroup's memory sampled every second over the
-	// window: the end figure is one point of it.
+	// window: the end figure is one point of it. CgroupSettled is the
+	// same from settledAfter into the window on, past the agent's trim
+	// (a minute after it turns idle, at READY=1), and CgroupSamples the
+	// samples themselves, one a second from the window's start.
 	CgroupWindow      *MemWindow `json:"cgroupWindow,omitempty"`
+	CgroupSettled     *MemWindow `json:"cgroupSettled,omitempty"`
+	CgroupSamples     []int64    `json:"cgroupSamplesBytes,omitempty"`
 	CgroupAfterScrape *CgroupMem `json:"cgroupAfterScrape,omitempty"`
 	CgroupAfterDrop   *CgroupMem `json:"cgroupAfterDrop,omitempty"`
 	FirstClaimMs      float64    `json:"firstClaimAfterIdleMs"`
@@ -183,8 +188,13 @@ func Idle(ctx context.Context, dir, bin string, warmup, window time.Duration, wa
 	}
 	first, last, peak := smp.Stop()
 	if cgs != nil {
-		w := SummarizeMem(cgs.stop(), time.Second, IdleMemGoal)
+		st.CgroupSamples = cgs.stop()
+		w := SummarizeMem(st.CgroupSamples, time.Second, IdleMemGoal)
 		st.CgroupWindow = &w
+		if skip := int(SettledAfter(warmup) / time.Second); skip < len(st.CgroupSamples) {
+			w := SummarizeMem(st.CgroupSamples[skip:], time.Second, IdleMemGoal)
+			st.CgroupSettled = &w
+		}
 	}
 	c1, err := env.Scrape(ctx)
 	if err != nil {
@@ -281,6 +291,14 @@ func Idle(ctx context.Context, dir, bin string, warmup, window time.Duration, wa
 // IdleMemGoal is the idle agent's memory goal as systemd accounts the
 // service (row 5a; docs/benchmarks.md section 5).
 const IdleMemGoal = 30 << 20
+
+// SettledAfter is how far into the idle window, begun warmup after
+// READY=1, the agent's trim is behind it: the trim comes trimAfterIdle (a
+// minute, internal/agent/trim.go) after the agent turns idle, a moment
+// after READY=1; 10 s more for the trim's own work and the drop after it.
+func SettledAfter(warmup time.Duration) time.Duration {
+	return max(time.Minute+10*time.Second-warmup, 0)
+}
 
 // scrapeSettle is how long after its scrape of the agent's /metrics the
 // harness reads the cgroup again: read-ahead completes asynchronously.

@@ -15,3 +15,18 @@ func TestSummarizeMem(t *testing.T) {
 		t.Errorf("SummarizeMem(nil) = %+v; want zeros", w)
 	}
 }
+
+// The settled summary starts past the agent's trim, a minute after
+// READY=1 (plus 10 s), whatever the warm-up: with the default 30 s
+// warm-up that is 40 s into the window; a warm-up past it skips nothing.
+func TestSettledAfter(t *testing.T) {
+	for _, c := range []struct{ warm, want time.Duration }{
+		{30 * time.Second, 40 * time.Second},
+		{0, 70 * time.Second},
+		{2 * time.Minute, 0},
+	} {
+		if got := SettledAfter(c.warm); got != c.want {
+			t.Errorf("SettledAfter(%s) = %s; want %s", c.warm, got, c.want)
+		}
+	}
+}
