@@ -18,11 +18,18 @@ import (
 	"github.com/lifecycle-agent/lifecycle-agent/api/v1alpha1"
 )
 
-// http2HealthCheck: after 3 s without a frame read the transport pings
+// http2HealthCheck: after 6 s without a frame read the transport pings
 // (17 bytes, answered by the server's connection loop, not a request), and
 // closes the connection when no answer came within 3 s more: a dead
-// connection is found at most 6 s after its last frame.
-var http2HealthCheck = map[string]string{"HTTP2_READ_IDLE_TIMEOUT_SECONDS": "3", "HTTP2_PING_TIMEOUT_SECONDS": "3"}
+// connection is found at most 9 s after its last frame (client-go's
+// default is 30 s + 15 s). An idle agent's watch connection carries about
+// one frame a minute (bookmarks), so it is pinged every 6 s; at 3 s (until
+// 2026-12-07) the pings were about half of an idle agent's CPU
+// (docs/bench/2026-12-07-http2-ping). Longer costs the time to find a
+// half-open connection: at 8 s + 3 s a claim after a half-open outage
+// came up to 14 s after the heal, against docs/reliability.md's bound of
+// 15 s (test/e2e TestClaimsAfterEveryOutage).
+var http2HealthCheck = map[string]string{"HTTP2_READ_IDLE_TIMEOUT_SECONDS": "6", "HTTP2_PING_TIMEOUT_SECONDS": "3"}
 
 // firstByteTimeout bounds how long a new connection may stay silent: a
 // server that has not sent its first byte (the TLS ServerHello) by then is
@@ -143,8 +150,7 @@ func New(cfg *rest.Config, node string, timeout time.Duration) (*Client, error) 
 	// reflector would re-list and re-watch (6 requests a minute per idle
 	// agent at 10 s, measured by bench idle). The reflector asks the server
 	// to end each watch after 5-10 minutes (timeoutSeconds), and a dead
-	// connection is found by client-go's HTTP/2 health check (ping after
-	// 30 s without reads).
+	// connection is found by the HTTP/2 health check (http2HealthCheck).
 	wc := rest.CopyConfig(c)
 	wc.Timeout = 0
 	wlc, err := NewLifecycleClients(wc)

@@ -522,8 +522,8 @@ func runSchedule(t *testing.T, s schedule, pdb bool) {
 			outage(proxy, f, del)
 		case faultCancel:
 			del()
-			// A half-open connection is found only ~6 s after it died (the
-			// HTTP/2 health check): until then the agent cannot know.
+			// A half-open connection is found only up to 9 s after it died
+			// (the HTTP/2 health check): until then the agent cannot know.
 			if !halfOpenBefore {
 				cancelledAlive = time.Now()
 			}

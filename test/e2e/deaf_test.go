@@ -146,7 +146,7 @@ func TestClaimsWhileTheWatchBacksOff(t *testing.T) {
 	a, proxy, lc := agentBehindProxy(t, node)
 	halfOpen := func() {
 		proxy.Blackhole()
-		time.Sleep(7 * time.Second) // the health check ends the watch after 3 + 3 s
+		time.Sleep(10 * time.Second) // the health check ends the watch after 6 + 3 s
 		proxy.Heal()
 	}
 	for range 4 {
