@@ -76,19 +76,21 @@ type IdleStats struct {
 	// drop of its unmapped cache.
 	// CgroupWindow is the cgroup's memory sampled every second over the
 	// window: the end figure is one point of it. CgroupSettled is the
-	// same from settledAfter into the window on, past the agent's trim
-	// (a minute after it turns idle, at READY=1), and CgroupSamples the
-	// samples themselves, one a second from the window's start.
-	CgroupWindow      *MemWindow `json:"cgroupWindow,omitempty"`
-	CgroupSettled     *MemWindow `json:"cgroupSettled,omitempty"`
-	CgroupSamples     []int64    `json:"cgroupSamplesBytes,omitempty"`
-	CgroupAfterScrape *CgroupMem `json:"cgroupAfterScrape,omitempty"`
-	CgroupAfterDrop   *CgroupMem `json:"cgroupAfterDrop,omitempty"`
-	FirstClaimMs      float64    `json:"firstClaimAfterIdleMs"`
-	FirstTotalMs      float64    `json:"firstTotalAfterIdleMs"`
-	SecondClaimMs     float64    `json:"secondClaimMs"`
-	SecondTotalMs     float64    `json:"secondTotalMs"`
-	CgroupAfterEvents *CgroupMem `json:"cgroupAfterEvents,omitempty"`
+	// same from CgroupSettledAfter seconds into the window on
+	// (SettledAfter: past the agent's trim, a minute after it turns idle,
+	// at READY=1), and CgroupSamples the samples themselves, one a second
+	// from the window's start.
+	CgroupWindow       *MemWindow `json:"cgroupWindow,omitempty"`
+	CgroupSettled      *MemWindow `json:"cgroupSettled,omitempty"`
+	CgroupSettledAfter float64    `json:"cgroupSettledAfterSeconds,omitempty"`
+	CgroupSamples      []int64    `json:"cgroupSamplesBytes,omitempty"`
+	CgroupAfterScrape  *CgroupMem `json:"cgroupAfterScrape,omitempty"`
+	CgroupAfterDrop    *CgroupMem `json:"cgroupAfterDrop,omitempty"`
+	FirstClaimMs       float64    `json:"firstClaimAfterIdleMs"`
+	FirstTotalMs       float64    `json:"firstTotalAfterIdleMs"`
+	SecondClaimMs      float64    `json:"secondClaimMs"`
+	SecondTotalMs      float64    `json:"secondTotalMs"`
+	CgroupAfterEvents  *CgroupMem `json:"cgroupAfterEvents,omitempty"`
 }
 
 // Idle runs bin/lifecycle-agent (simulate mode, one node, the test logind
@@ -191,9 +193,9 @@ func Idle(ctx context.Context, dir, bin string, warmup, window time.Duration, wa
 		st.CgroupSamples = cgs.stop()
 		w := SummarizeMem(st.CgroupSamples, time.Second, IdleMemGoal)
 		st.CgroupWindow = &w
-		if skip := int(SettledAfter(warmup) / time.Second); skip < len(st.CgroupSamples) {
-			w := SummarizeMem(st.CgroupSamples[skip:], time.Second, IdleMemGoal)
-			st.CgroupSettled = &w
+		if rest, skip := settledSamples(st.CgroupSamples, time.Second, warmup); rest != nil {
+			w := SummarizeMem(rest, time.Second, IdleMemGoal)
+			st.CgroupSettled, st.CgroupSettledAfter = &w, float64(skip)
 		}
 	}
 	c1, err := env.Scrape(ctx)
@@ -298,6 +300,19 @@ const IdleMemGoal = 30 << 20
 // after READY=1; 10 s more for the trim's own work and the drop after it.
 func SettledAfter(warmup time.Duration) time.Duration {
 	return max(time.Minute+10*time.Second-warmup, 0)
+}
+
+// settledSamples returns the samples (taken every interval from the
+// window's start) from SettledAfter(warmup) on, rounded up to a whole
+// sample, and how many it skipped; nil when nothing is skipped (the
+// settled summary would be the window's) or nothing is left.
+func settledSamples(samples []int64, interval, warmup time.Duration) ([]int64, int) {
+	after := SettledAfter(warmup)
+	skip := int((after + interval - 1) / interval)
+	if skip == 0 || skip >= len(samples) {
+		return nil, 0
+	}
+	return samples[skip:], skip
 }
 
 // scrapeSettle is how long after its scrape of the agent's /metrics the

@@ -24,7 +24,7 @@ import (
 // connection is found at most 9 s after its last frame (client-go's
 // default is 30 s + 15 s). An idle agent's watch connection carries about
 // one frame a minute (bookmarks), so it is pinged every 6 s; at 3 s (until
-// 2026-12-07) the pings were about half of an idle agent's CPU
+// 2026-12-07) the pings were 40-50 % of an idle agent's CPU
 // (docs/bench/2026-12-07-http2-ping). Longer costs the time to find a
 // half-open connection: at 8 s + 3 s a claim after a half-open outage
 // came up to 14 s after the heal, against docs/reliability.md's bound of

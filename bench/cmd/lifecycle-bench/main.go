@@ -406,7 +406,7 @@ func idle(ctx context.Context, res *bench.Result, dir, bin string, warm, d time.
 	}
 	if w := st.CgroupSettled; w != nil {
 		res.Notes = append(res.Notes, fmt.Sprintf("idle: the same from %s into the window on, past the trim (%d samples): mean %.1f MiB, median %.1f, max %.1f; above %.0f MiB for %.0f s (every sample in the JSON, cgroupSamplesBytes)",
-			bench.SettledAfter(warm), w.Samples, m(w.Mean), m(w.P50), m(w.Max), m(w.Limit), w.SecondsAbove))
+			time.Duration(st.CgroupSettledAfter)*time.Second, w.Samples, m(w.Mean), m(w.P50), m(w.Max), m(w.Limit), w.SecondsAbove))
 	}
 	if a, b := st.CgroupAfterScrape, st.CgroupAfterDrop; a != nil && b != nil && st.CgroupEnd != nil {
 		res.Notes = append(res.Notes, fmt.Sprintf("idle: the figure is read before the harness scrapes the agent's /metrics (for the Go heap and goroutines): that one scrape, after %s idle, raised the cgroup's memory from %.1f to %.1f MiB (page cache %.1f, mapped %.1f: the metrics code and the read-ahead around it); 65 s later, after the agent's next drop of its unmapped cache, %.1f MiB (page cache %.1f, mapped %.1f)",
