@@ -199,7 +199,9 @@ VM_TEST_TIMEOUT ?= 60m
 # (test/crash 6m38s, test/e2e 11m13s, TestRealNode 8m03s; bench-ci claim
 # p50 14.0, p99 19.3 ms); at cfc43bc: 33m54s, 50.8 CPU-minutes, every
 # test passed (test/crash 6m31s, test/e2e 11m25s, TestRealNode 7m51s;
-# bench-ci claim p50 17.0, p99 26.3 ms).
+# bench-ci claim p50 17.0, p99 26.3 ms); at 0a99e85: 33m29s, 49.7
+# CPU-minutes, every test passed (test/crash 8m14s, test/e2e 10m40s,
+# TestRealNode 7m59s; bench-ci claim p50 14.9, p99 35.4 ms).
 # VM_TESTS narrows it (a go test -run pattern) when working on one scenario.
 VM_TESTS ?= .
 
