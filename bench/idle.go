@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/lifecycle-agent/lifecycle-agent/internal/agent"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/host/logindtest"
 	"github.com/lifecycle-agent/lifecycle-agent/test/testenv"
 )
@@ -295,11 +296,11 @@ func Idle(ctx context.Context, dir, bin string, warmup, window time.Duration, wa
 const IdleMemGoal = 30 << 20
 
 // SettledAfter is how far into the idle window, begun warmup after
-// READY=1, the agent's trim is behind it: the trim comes trimAfterIdle (a
-// minute, internal/agent/trim.go) after the agent turns idle, a moment
-// after READY=1; 10 s more for the trim's own work and the drop after it.
+// READY=1, the agent's trim is behind it: the trim comes
+// agent.TrimAfterIdle after the agent turns idle, a moment after
+// READY=1; 10 s more for the trim's own work and the drop after it.
 func SettledAfter(warmup time.Duration) time.Duration {
-	return max(time.Minute+10*time.Second-warmup, 0)
+	return max(agent.TrimAfterIdle+10*time.Second-warmup, 0)
 }
 
 // settledSamples returns the samples (taken every interval from the

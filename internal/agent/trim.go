@@ -16,7 +16,7 @@ import (
 	"k8s.io/utils/clock"
 )
 
-// trimAfterIdle is how long the engine must have been idle before the
+// TrimAfterIdle is how long the engine must have been idle before the
 // agent releases the pages its start-up and its last event touched.
 // After that, while still idle, it looks every faultCheckEvery at its
 // count of major faults and drops the executable's unmapped page cache
@@ -25,12 +25,12 @@ import (
 // the kernel does not count every fault that reads a page as major:
 // TestMajorFaults saw one in ten uncounted).
 const (
-	trimAfterIdle   = time.Minute
+	TrimAfterIdle   = time.Minute
 	faultCheckEvery = 5 * time.Second
 	dropAgainAfter  = time.Minute
 )
 
-// trimmer releases, once the agent has been idle for trimAfterIdle, the
+// trimmer releases, once the agent has been idle for TrimAfterIdle, the
 // memory an idle agent does not use (docs/benchmarks.md section 5):
 //
 //   - the pages of its own executable that are mapped read-only (code,
@@ -102,7 +102,7 @@ func (t *trimmer) state(s string) {
 // drops the unmapped cache when major faults came since the last drop or
 // dropAgainAfter has passed, until cancel closes.
 func (t *trimmer) idle(cancel <-chan struct{}) {
-	after, trimmed := trimAfterIdle, false
+	after, trimmed := TrimAfterIdle, false
 	var last int64
 	var since time.Duration
 	for {

@@ -14,7 +14,7 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 )
 
-// The trim comes once the engine has been idle for trimAfterIdle, once per
+// The trim comes once the engine has been idle for TrimAfterIdle, once per
 // idle period; after it, the drop of the unmapped cache within
 // faultCheckEvery of a major fault, and every dropAgainAfter anyway;
 // neither while an event runs or after the agent stopped.
@@ -48,11 +48,11 @@ func TestTrimAfterIdle(t *testing.T) {
 		}
 	}
 	tr.state("starting")
-	step(2*trimAfterIdle, false)
+	step(2*TrimAfterIdle, false)
 	want(0, 0) // not idle yet: start-up work
 
 	tr.state("idle")
-	step(trimAfterIdle-time.Second, true)
+	step(TrimAfterIdle-time.Second, true)
 	want(0, 0)
 	step(time.Second, true)
 	want(1, 0)
@@ -83,12 +83,12 @@ func TestTrimAfterIdle(t *testing.T) {
 
 	tr.state("event e: step cordon") // an event before the minute is up
 	tr.state("idle")
-	step(trimAfterIdle/2, true)
+	step(TrimAfterIdle/2, true)
 	tr.state("event f: step cordon")
-	step(2*trimAfterIdle, false)
+	step(2*TrimAfterIdle, false)
 	want(1, 3)
 	tr.state("idle")
-	step(trimAfterIdle, true)
+	step(TrimAfterIdle, true)
 	want(2, 3)
 	tr.state("event g: step cordon") // before the next drop
 	faults.Add(1)
@@ -98,7 +98,7 @@ func TestTrimAfterIdle(t *testing.T) {
 	tr.state("idle")
 	step(time.Second, true)
 	tr.stop() // the agent stops: nothing pending runs
-	step(2*trimAfterIdle, false)
+	step(2*TrimAfterIdle, false)
 	want(2, 3)
 }
 

@@ -23,6 +23,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/lifecycle-agent/lifecycle-agent/bench"
+	"github.com/lifecycle-agent/lifecycle-agent/internal/agent"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/journal"
 )
 
@@ -402,7 +403,7 @@ func idle(ctx context.Context, res *bench.Result, dir, bin string, warm, d time.
 	res.Notes = append(res.Notes, fmt.Sprintf("idle: memory as systemd accounts a service: the agent started inside a memory cgroup of its own (%s), the figure its memory.current (v2) or memory.usage_in_bytes (v1) at the end, which counts the page cache the agent faulted in (its binary's pages) with its anonymous memory; RSS and PSS from /proc/<pid>/status and smaps_rollup beside it", cgroupNote(st)))
 	if w := st.CgroupWindow; w != nil {
 		res.Notes = append(res.Notes, fmt.Sprintf("idle: the cgroup's memory sampled every second over the window (%d samples): mean %.1f MiB, median %.1f, max %.1f; above %.0f MiB for %.0f s of %s. The window starts %s after READY=1 and the agent's trim comes a minute after it turns idle, so the window's first %s hold the start-up's pages (the max); after the trim, the read-ahead around a burst of new code faults (a watch restart's) is charged until the agent's next drop of its unmapped cache",
-			w.Samples, m(w.Mean), m(w.P50), m(w.Max), m(w.Limit), w.SecondsAbove, d, warm, max(time.Minute-warm, 0)))
+			w.Samples, m(w.Mean), m(w.P50), m(w.Max), m(w.Limit), w.SecondsAbove, d, warm, max(agent.TrimAfterIdle-warm, 0)))
 	}
 	if w := st.CgroupSettled; w != nil {
 		res.Notes = append(res.Notes, fmt.Sprintf("idle: the same from %s into the window on, past the trim (%d samples): mean %.1f MiB, median %.1f, max %.1f; above %.0f MiB for %.0f s (every sample in the JSON, cgroupSamplesBytes)",
