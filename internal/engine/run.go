@@ -529,8 +529,9 @@ func newRenewal(parent context.Context) *renewal {
 // free). A renewal in flight is cancelled rather than waited for (a
 // silent server would hold it for the request timeout, per slot); if it
 // still lands it carries the resourceVersion it read, so it lands before
-// the release (which then reads it again on its 409) or is refused.
-// Idempotent; nil (no renewal) does nothing.
+// the release (which then reads it again on its 409) or is refused
+// (both orders: test/e2e TestRenewalInFlightAtTheEnd). Idempotent; nil
+// (no renewal) does nothing.
 func (r *renewal) end() {
 	if r == nil {
 		return
