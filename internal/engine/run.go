@@ -226,6 +226,22 @@ func (e *Engine) runSteps(ctx context.Context, a *active) (journal.Outcome, stri
 		}
 	}
 	for i, s := range a.steps {
+		if r, ok := last[s.Name]; ok && r.Phase == journal.PhaseDone && r.State == journal.StepFailed {
+			// Failed for good before a restart that came before the abort
+			// was journaled (stepFailed, then the abort's snapshot): the
+			// failure stands and goes to the abort. Run again, an upgrade
+			// whose outcome could not be told (ErrUndecidable) would run
+			// its profile a second time.
+			st := &a.status.Steps[i]
+			st.State, st.Attempt, st.Message = v1alpha1.StepFailed, int32(attempts[s.Name]), r.Message
+			if in, ok := intents[s.Name]; ok {
+				st.StartTime = ptrTime(in.At)
+			}
+			st.FinishTime = ptrTime(r.At)
+			e.log.Info("resumed after a failed step: the failure stands", "event", a.name, "failed", s.Name)
+			e.noteStepFailed(a, r.Message)
+			return journal.OutcomeFailed, r.Message
+		}
 		if r, ok := last[s.Name]; ok && r.Phase == journal.PhaseDone && (r.State == journal.StepDone || r.State == journal.StepSkipped) {
 			// Done before a restart: the status says what the journal says
 			// (the snapshot it was resumed from may predate the step).
@@ -435,10 +451,16 @@ func (e *Engine) stepFailed(a *active, i, attempt int, msg string) {
 		State: journal.StepFailed, Attempt: attempt, BootID: e.cfg.Host.BootID(), Message: truncate(msg)}); err != nil {
 		e.log.Error("journal step failure", "event", a.name, "step", s.Name, "err", err)
 	}
+	// gofail: var engineAfterStepFailed struct{}
 	st := &a.status.Steps[i]
 	st.State, st.FinishTime, st.Message = v1alpha1.StepFailed, ptrTime(e.cfg.Clock.Now()), truncate(msg)
 	e.recordEvent(a, corev1.EventTypeWarning, "StepFailed", msg)
-	// With the abort's snapshot, which follows.
+	e.noteStepFailed(a, msg)
+}
+
+// noteStepFailed queues the notice of a step's failure, committed with the
+// abort's snapshot, which follows.
+func (e *Engine) noteStepFailed(a *active, msg string) {
 	e.note(a, journal.NoticeStepFailed, fmt.Sprintf("node %s: event %s: %s; undoing what it changed", e.cfg.Node, a.name, msg))
 }
 
