@@ -8,6 +8,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/lifecycle-agent/lifecycle-agent/internal/devices"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/devices/devicestest"
@@ -48,6 +49,12 @@ const EnvTestGPUDevices = "LIFECYCLE_AGENT_TEST_GPU_DEVICES"
 // (the health monitor's XID watcher) were live at that moment.
 const EnvTestGPUResetLog = "LIFECYCLE_AGENT_TEST_GPU_RESET_LOG"
 
+// EnvTestGPUResetTakes makes each of the mock's nvidia-smi resets take
+// this long (a Go duration; devicestest.Fleet.SlowReset), killed if the
+// agent cancels it meanwhile, so that a test can cancel an event or stop
+// the agent while a reset runs.
+const EnvTestGPUResetTakes = "LIFECYCLE_AGENT_TEST_GPU_RESET_TAKES"
+
 // EnvTestNoGPUSession=1 builds the gpu-reset driver without the agent's
 // GPU session, as the agent was wired before it paused its own hold on the
 // GPUs: the test that proves the wiring shows that it then fails.
@@ -86,6 +93,13 @@ func init() {
 				panic(fmt.Sprintf("%s=%q: %v", EnvTestGPUResetLog, p, err))
 			}
 			f.LogResets(w)
+		}
+		if v := os.Getenv(EnvTestGPUResetTakes); v != "" {
+			d, err := time.ParseDuration(v)
+			if err != nil {
+				panic(fmt.Sprintf("%s=%q: %v", EnvTestGPUResetTakes, v, err))
+			}
+			f.SlowReset(d)
 		}
 		dir := os.Getenv(EnvTestGPUDevices)
 		noSession := os.Getenv(EnvTestNoGPUSession) == "1"

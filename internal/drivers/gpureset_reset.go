@@ -132,7 +132,13 @@ func (p *gpuResetPlan) reset(ctx context.Context, rt Runtime) error {
 		rt.Progress("resetting " + strings.Join(group, ", ") + ": " + plan)
 	}
 	log.Info("resetting GPUs", "gpus", strings.Join(group, ","), "plan", plan, "simulate", rt.Host().Simulated())
-	if err := r.Reset(ctx, group); err != nil {
+	// Once begun, the reset is not interrupted: a cancel (the event
+	// deleted), the event's deadline and the agent's stop take effect at
+	// the next safe point, after it (DESIGN §2). Killed midway, nvidia-smi
+	// can leave GPUs half reset, and a set on an NVSwitch fabric with its
+	// Fabric Manager restarted over them. Its own timeout bounds it
+	// (devices.DefaultSMITimeout on the nvidia-smi route).
+	if err := r.Reset(context.WithoutCancel(ctx), group); err != nil {
 		return fmt.Errorf("gpu-reset: reset of %s failed: %w", strings.Join(group, ", "), err)
 	}
 	// Rediscovered (the NVML route returns only then): the unplug records go.

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
@@ -65,6 +66,73 @@ func TestGPUResetShippedWiring(t *testing.T) {
 			runGPUWiringCase(t, tc.node, tc.method, tc.gpus, tc.noSession, tc.want, tc.fail)
 		})
 	}
+}
+
+// TestGPUResetNotInterruptedByCancel: a gpu-reset event deleted while
+// nvidia-smi resets its GPU (the double's reset takes 3 s, and like the
+// real binary it is killed if the agent cancels its command). A cancel
+// takes effect at the next safe point (DESIGN §2), and the middle of a
+// reset is not one: the reset completes (the mock logs it, the monitor
+// paused), then the event is aborted and gone, and GPUHealthy turns True.
+// Before, deleting the event cancelled the step's context and with it
+// nvidia-smi: the mock logged no reset (on a real GPU: a reset killed
+// midway), and the same for the event's deadline and the agent's stop.
+func TestGPUResetNotInterruptedByCancel(t *testing.T) {
+	ctx := context.Background()
+	admin := env.AdminConfig()
+	node := "gpuw-cancel"
+	fleet := devicestest.New(devicestest.DGXH100)
+	fleet.StableUUIDs()
+	kubelet := chaosNode(t, node)
+	logind := logindtest.Start(t, logindtest.Options{InhibitDelayMax: 30 * time.Second})
+	c := chaosCase(t, node, node+"-reset", agentConfig+"gpu:\n  resetMethod: nvidia-smi\n", env.NodeConfig(node))
+	c.kubelet = kubelet
+	c.hostMode = "real"
+	devDir := filepath.Join(c.dir, "dev")
+	if err := os.Mkdir(devDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	resetLog := filepath.Join(c.dir, "resets")
+	c.extraEnv = append(c.extraEnv, "DBUS_SYSTEM_BUS_ADDRESS="+logind.Address(),
+		"LIFECYCLE_AGENT_TEST_NVML=dgxh100", "LIFECYCLE_AGENT_TEST_NVML_FAULTS=0:GPU_RESET",
+		"LIFECYCLE_AGENT_TEST_GPU_DEVICES="+devDir, "LIFECYCLE_AGENT_TEST_GPU_RESET_LOG="+resetLog,
+		"LIFECYCLE_AGENT_TEST_GPU_RESET_TAKES=3s")
+	lc, err := apiclient.NewLifecycleClients(admin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs := kubernetes.NewForConfigOrDie(admin)
+	health := func() string { return gpuHealthy(ctx, cs, node) }
+	a := c.start(t, "")
+	defer func() { _ = a.stop(30 * time.Second) }()
+	tn := node + "-gpu-reset"
+	waitFor(t, "transition published", 60*time.Second, a, func() bool {
+		_, err := lc.Transitions.Get(ctx, tn, metav1.GetOptions{})
+		return err == nil
+	})
+	ev := &v1alpha1.LifecycleEvent{ObjectMeta: metav1.ObjectMeta{Name: c.event},
+		Spec: v1alpha1.LifecycleEventSpec{TransitionName: tn, BindingNode: node, Parameters: map[string]string{"gpus": "0"}}}
+	if _, err := lc.Events.Create(ctx, ev, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the reset under way", 60*time.Second, a, func() bool { return strings.Contains(a.logText(), logGPUReset) })
+	if err := lc.Events.Delete(ctx, c.event, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the cancelled event gone", 2*time.Minute, a, func() bool {
+		_, err := lc.Events.Get(ctx, c.event, metav1.GetOptions{})
+		return apierrors.IsNotFound(err)
+	})
+	b, _ := os.ReadFile(resetLog)
+	if got, want := strings.TrimSpace(string(b)), "reset "+fleet.UUIDs(0)[0]+" session=closed eventsets=0"; got != want {
+		t.Fatalf("resets the mock saw: %q, want %q (the reset completed, then the cancel)\nagent log:\n%s", got, want, tail(a.log, 40))
+	}
+	if log := a.logText(); !strings.Contains(log, "cancel") {
+		t.Errorf("the agent did not log the cancel:\n%s", tail(a.log, 40))
+	}
+	waitFor(t, "GPUHealthy True after the reset (the monitor runs again)", 30*time.Second, a, func() bool {
+		return strings.HasPrefix(health(), string(corev1.ConditionTrue)+"/")
+	}, health)
 }
 
 func resetLines(uuids []string, session string) []string {

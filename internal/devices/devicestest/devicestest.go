@@ -44,12 +44,16 @@
 //     holds the GPU's node open, found from /proc/*/fd with
 //     devices.FindHolders, exactly as the agent looks for them, with the
 //     real tool's message: "In use by another client".
+//   - The nvidia-smi double (SMIRunner) ends with its context, as the real
+//     binary run by exec.CommandContext is killed: a reset killed midway
+//     (SlowReset) resets nothing and fails with the signal.
 package devicestest
 
 import (
 	"bufio"
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"hash/crc32"
 	"io"
@@ -147,6 +151,8 @@ type Fleet struct {
 	resetLog io.Writer  // LogResets
 	initFail nvml.Return
 	stale    nvml.Return // DriverReload: what the open session answers
+
+	resetTakes time.Duration // SlowReset
 }
 
 // New builds a fleet of the given model with healthy, idle GPUs:
@@ -377,8 +383,30 @@ func nvswitchDevices(p string) string {
 // SMIRunner is a devices.CommandRunner that plays nvidia-smi for
 // `nvidia-smi --gpu-reset -i <uuid,…>` against the fleet; any other command
 // fails.
+//
+// It is as strict about its context as exec.CommandContext with the real
+// binary: a context already done starts nothing, and a reset that takes
+// time (SlowReset) is killed by the context's end, as the agent's exec
+// kills nvidia-smi — the GPUs then not reset, and the call failing with
+// the signal.
 func (f *Fleet) SMIRunner() devices.CommandRunner {
-	return func(_ context.Context, name string, args ...string) ([]byte, []byte, error) {
+	return func(ctx context.Context, name string, args ...string) ([]byte, []byte, error) {
+		if err := ctx.Err(); err != nil {
+			return nil, nil, err
+		}
+		f.mu.Lock()
+		takes := f.resetTakes
+		f.mu.Unlock()
+		if takes > 0 && slices.Contains(args, "--gpu-reset") {
+			select {
+			case <-time.After(takes):
+			case <-ctx.Done():
+				f.mu.Lock()
+				f.calls = append(f.calls, name+" "+strings.Join(args, " ")+" killed")
+				f.mu.Unlock()
+				return nil, nil, errors.New("signal: terminated")
+			}
+		}
 		out, err := f.RunSMI(append([]string{name}, args...))
 		if err != nil {
 			return []byte(out), []byte(err.Error()), err
@@ -643,6 +671,15 @@ func (f *Fleet) applyReset(i int) {
 		}
 		fmt.Fprintf(f.resetLog, "reset %s session=%s eventsets=%d\n", f.UUID(i), session, len(f.sets))
 	}
+}
+
+// SlowReset makes every nvidia-smi --gpu-reset through SMIRunner take d
+// (a reset scrubs ECC: seconds per GPU), so that a test can act while it
+// runs.
+func (f *Fleet) SlowReset(d time.Duration) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.resetTakes = d
 }
 
 // LogResets makes every reset that takes effect write a line to w: "reset
