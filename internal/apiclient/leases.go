@@ -128,6 +128,35 @@ func (c *Client) NodeLeaseHolder(ctx context.Context, now time.Time) (string, er
 	return *l.Spec.HolderIdentity, nil
 }
 
+// HeldLease is a Lease in lifecycle-system held by this agent (its
+// identity or a former one) and the event it was taken for.
+type HeldLease struct {
+	Name     string
+	Node     bool // this node's Lease; otherwise a disruption slot
+	Event    string
+	EventUID string
+}
+
+// HeldLeases lists the Leases of lifecycle-system that identity (or one of
+// FormerIdentities) holds: one LIST, for the rare sweep after a start or a
+// failed claim (engine releaseStaleLeases), never on a timer.
+func (c *Client) HeldLeases(ctx context.Context, identity string) ([]HeldLease, error) {
+	list, err := c.LC.Leases(v1alpha1.SystemNamespace).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("apiclient: list leases: %w", err)
+	}
+	var out []HeldLease
+	for i := range list.Items {
+		l := &list.Items[i]
+		if !c.heldBy(l, identity) {
+			continue
+		}
+		out = append(out, HeldLease{Name: l.Name, Node: l.Name == NodeLeaseName(c.Node),
+			Event: l.Annotations[AnnotationLeaseEvent], EventUID: l.Annotations[AnnotationLeaseEventUID]})
+	}
+	return out, nil
+}
+
 // AcquireSlot takes one of the Leases <group>-0 … <group>-(max-1) for h, or
 // renews the one h already holds. A slot is free when it does not exist, has
 // no holder, or the event it was taken for has ended or is gone. An expired

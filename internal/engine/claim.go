@@ -64,6 +64,14 @@ func (e *Engine) tryClaim(ctx context.Context, fresh []*v1alpha1.LifecycleEvent)
 		e.markQueue(ctx, waiting, msg)
 		cands = mine
 	}
+	// Ours first, and alone: an event Claimed by us that no journal holds
+	// (a lost journal) is adopted before anything new is claimed — one
+	// claimed event per node.
+	if mine := slices.DeleteFunc(slices.Clone(cands), func(c *v1alpha1.LifecycleEvent) bool {
+		return c.Status.ClaimStatus != v1alpha1.LifecycleEventClaimed
+	}); len(mine) > 0 {
+		cands = mine
+	}
 	e.slotQueued = false
 	e.clearPlanned(ctx, cands)
 	for i, cached := range cands {
@@ -74,6 +82,13 @@ func (e *Engine) tryClaim(ctx context.Context, fresh []*v1alpha1.LifecycleEvent)
 				return nil
 			}
 			e.log.Info("not claimed", "event", cached.Name, "reason", err)
+			e.leaseSweep = true // the Leases it took may be held for nothing
+			var u unsettled
+			if errors.As(err, &u) {
+				// The event is, or may be, Claimed by us on the server:
+				// nothing else is claimed before the next round sees it.
+				return nil
+			}
 			continue
 		}
 		if a != nil {
@@ -304,6 +319,16 @@ func (e *Engine) clearPlanned(ctx context.Context, cands []*v1alpha1.LifecycleEv
 	}
 }
 
+// unsettled marks a claim error after which the event is, or may be,
+// Claimed on the server — by us (a claim write that timed out may have
+// landed; the finalizer or the journal failed after it; an adoption
+// failed) or by another holder (the claim lost its race): tryClaim claims
+// nothing else before the next round has seen it, or one node would hold
+// two claimed events.
+type unsettled struct{ error }
+
+func (u unsettled) Unwrap() error { return u.error }
+
 // claim runs the claim protocol of doc.go for one event. It returns
 // (nil, nil) when the event is not ours to run (not applicable, another
 // driver host's, or failed at validation).
@@ -324,7 +349,7 @@ func (e *Engine) claim(ctx context.Context, cached *v1alpha1.LifecycleEvent) (*a
 		// event again.
 		fresh, err := e.cfg.API.GetEvent(ctx, ev.Name)
 		if err != nil {
-			return nil, err
+			return nil, unsettled{err}
 		}
 		ev = fresh
 	}
@@ -445,9 +470,10 @@ func (e *Engine) claim(ctx context.Context, cached *v1alpha1.LifecycleEvent) (*a
 		if err != nil {
 			_ = e.cfg.API.ReleaseNodeLease(ctx, e.cfg.Identity)
 			if apierrors.IsConflict(err) {
-				return nil, fmt.Errorf("lost the claim race: %w", err)
+				// Claimed by someone else, maybe: the next round reads it.
+				return nil, unsettled{fmt.Errorf("lost the claim race: %w", err)}
 			}
-			return nil, err
+			return nil, unsettled{err} // a write that timed out may have landed
 		}
 		// gofail: var engineAfterClaim struct{}
 		e.cfg.Metrics.ClaimLatency.Observe(now.Sub(ev.CreationTimestamp.Time).Seconds())
@@ -473,7 +499,7 @@ func (e *Engine) claim(ctx context.Context, cached *v1alpha1.LifecycleEvent) (*a
 		}
 		// Anything else: the event is Claimed by us on the server; the next
 		// round adopts it (and keeps the Lease, which is ours).
-		return nil, fmt.Errorf("adding the finalizer: %w", err)
+		return nil, unsettled{fmt.Errorf("adding the finalizer: %w", err)}
 	}
 	e.remember(got)
 	// gofail: var engineAfterFinalizer struct{}
@@ -496,7 +522,7 @@ func (e *Engine) claim(ctx context.Context, cached *v1alpha1.LifecycleEvent) (*a
 		push = append(push, start)
 	}
 	if err := e.snapshot(a, journal.EventClaimed, push...); err != nil {
-		return nil, err
+		return nil, unsettled{err}
 	}
 	if startConds {
 		a.nodePushed(start)
@@ -504,10 +530,10 @@ func (e *Engine) claim(ctx context.Context, cached *v1alpha1.LifecycleEvent) (*a
 	}
 	if adopt {
 		if err := e.rebuildSteps(a); err != nil {
-			return nil, err
+			return nil, unsettled{err}
 		}
 		if err := e.rebuildCordon(ctx, a); err != nil {
-			return nil, err
+			return nil, unsettled{err}
 		}
 	}
 	if planErr != nil {

@@ -15,6 +15,13 @@
 //  4. The finalizer lifecycle.x-k8s.io/agent is added, then the event's
 //     snapshot is committed to the journal — both before any side effect.
 //
+// A claim that fails after its status write may have landed (a timeout, a
+// lost race, the finalizer or the journal failing after it) ends the round:
+// the event may be Claimed, so nothing else is claimed before the next
+// round has seen it, and that round adopts this agent's own Claimed events
+// before it looks at Pending ones. Leases left held by a claim cut short
+// for an event since gone are released by releaseStaleLeases.
+//
 // Each step then goes: journal intent (Running, attempt, boot ID) committed
 // → status (through the journal's outbox) → act → journal done. The step's
 // Done reaches the API with the next status write (the next step's Running,

@@ -92,6 +92,9 @@ type Engine struct {
 	ended    map[string]time.Time
 	nextUndo time.Time            // when retryLeftoverUndo looks again
 	orphanAt map[string]time.Time // releaseOrphans: when it last tried each event (by UID)
+	// leaseSweep: releaseStaleLeases is due (after the start, a failed
+	// claim, an orphan released) and runs at the next idle round.
+	leaseSweep bool
 	// planned is the event whose MaintenancePlanned=True the Node shows
 	// (queueForSlot); plannedRead: the Node was read for it since the start.
 	planned     string
@@ -268,6 +271,7 @@ func (e *Engine) Run(ctx context.Context) error {
 	}
 	e.closeOutShutdowns(ctx)
 	e.publishRequests(ctx)
+	e.leaseSweep = true // a claim cut short by the last stop may have left Leases held
 	e.setState("idle")
 	// relist: after the API server answers again following failures, the
 	// watch may have missed events (a dead connection is found late, and
@@ -306,6 +310,13 @@ func (e *Engine) Run(ctx context.Context) error {
 			e.retryLeftoverUndo(ctx)
 			if w.Synced() {
 				e.releaseOrphans(ctx)
+				if e.leaseSweep {
+					if err := e.releaseStaleLeases(ctx); err != nil {
+						e.log.Info("releasing Leases held for events gone or ended failed; will retry", "err", err)
+					} else {
+						e.leaseSweep = false
+					}
+				}
 			}
 			e.publishRequests(ctx)
 		}
@@ -663,6 +674,7 @@ func (e *Engine) releaseOrphans(ctx context.Context) {
 			continue
 		}
 		e.log.Info("released a deleted event that no agent will finish: undid its cordon, removed the finalizer", "event", ev.Name, "holder", holder)
+		e.leaseSweep = true // ours, its Leases may still be held for it
 	}
 }
 
