@@ -123,7 +123,7 @@ func (e *Engine) tryClaim(ctx context.Context, fresh []*v1alpha1.LifecycleEvent)
 //
 // The holder is rewritten with a guarded status update (of two racing
 // agents one wins); the claim's boot ID is kept, so that the steps rebuilt
-// from the status (rebuildSteps) still date from the old boot: a reboot
+// from the status (rebuiltSteps) still date from the old boot: a reboot
 // since then is seen as one. It returns the updated event, or nil (why
 // not is logged at debug level).
 func (e *Engine) takeOver(ctx context.Context, ev *v1alpha1.LifecycleEvent) *v1alpha1.LifecycleEvent {
@@ -521,20 +521,28 @@ func (e *Engine) claim(ctx context.Context, cached *v1alpha1.LifecycleEvent) (*a
 	if startConds {
 		push = append(push, start)
 	}
+	if adopt {
+		// The history rebuilt from the API goes in the snapshot's own
+		// transaction: committed apart, a crash between them left the event
+		// journaled with no steps, and the replay ran Done steps again (a
+		// second reboot) or forgot the cordon was ours.
+		a.seedSteps = e.rebuiltSteps(a)
+		owned, err := e.rebuiltCordon(ctx, a)
+		if err != nil {
+			return nil, unsettled{err}
+		}
+		a.seedOwned = owned
+	}
 	if err := e.snapshot(a, journal.EventClaimed, push...); err != nil {
 		return nil, unsettled{err}
+	}
+	// gofail: var engineAfterClaimSnapshot struct{}
+	if adopt {
+		e.log.Info("adopted an event this agent had claimed; steps rebuilt from its status", "event", a.name)
 	}
 	if startConds {
 		a.nodePushed(start)
 		poke(e.flushWake)
-	}
-	if adopt {
-		if err := e.rebuildSteps(a); err != nil {
-			return nil, unsettled{err}
-		}
-		if err := e.rebuildCordon(ctx, a); err != nil {
-			return nil, unsettled{err}
-		}
 	}
 	if planErr != nil {
 		// Bad parameters: claimed, then failed with the reason; nothing was done.
@@ -650,10 +658,12 @@ func (e *Engine) snapshot(a *active, st journal.EventState, push ...journal.Outb
 		attrs["outcomeMessage"] = a.outcomeMsg
 	}
 	if err := e.cfg.Journal.PutEvent(journal.EventRecord{UID: a.uid, Name: a.name, Driver: a.driver.Name(),
-		ResourceVersion: obj.ResourceVersion, State: st, Object: raw, Attrs: attrs, Notices: a.notices}, push...); err != nil {
+		ResourceVersion: obj.ResourceVersion, State: st, Object: raw, Attrs: attrs, Notices: a.notices,
+		Steps: a.seedSteps, Owned: a.seedOwned}, push...); err != nil {
 		return fmt.Errorf("engine: journal event %s: %w", a.name, err)
 	}
 	a.jstate = st
+	a.seedSteps, a.seedOwned = nil, nil
 	e.noticesCommitted(a)
 	return nil
 }
@@ -781,48 +791,48 @@ func timedOut(err error) bool {
 
 var _ = drivers.Prefix
 
-// rebuildCordon gives an adopted event back the ownership of the Node's
+// rebuiltCordon gives an adopted event back the ownership of the Node's
 // cordon when the Node's annotation says this event made it: the journal
 // that recorded the ownership is gone (a re-imaged node, a lost disk), and
 // the annotation, written with the cordon, is the evidence it kept.
 // Without it the event's uncordon would leave the node cordoned for good.
-func (e *Engine) rebuildCordon(ctx context.Context, a *active) error {
+// It returns the change to record with the adoption's snapshot (none when
+// the cordon is not the event's or already recorded).
+func (e *Engine) rebuiltCordon(ctx context.Context, a *active) ([]journal.Change, error) {
 	ch := journal.Change{Kind: journal.ChangeCordon, Node: e.cfg.Node, EventUID: a.uid, Value: a.name}
 	owned, err := e.cfg.Journal.Owned()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	for _, o := range owned {
 		if o.Key() == ch.Key() && o.EventUID == a.uid {
-			return nil
+			return nil, nil
 		}
 	}
 	n, err := e.cfg.API.GetNode(ctx)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if !n.Spec.Unschedulable || n.Annotations[v1alpha1.AnnotationCordonedBy] != a.name {
-		return nil
-	}
-	if _, err := e.cfg.Journal.AddOwned(ch); err != nil {
-		return err
+		return nil, nil
 	}
 	e.log.Info("adopted event: the Node's cordon is its own (the Node's annotation names it)", "event", a.name)
-	return nil
+	return []journal.Change{ch}, nil
 }
 
-// rebuildSteps seeds the journal of an adopted event (claimed by this
+// rebuiltSteps is the step log of an adopted event (claimed by this
 // agent's identity, but not in its journal: the journal was lost or moved
-// aside as corrupt) from the status the API holds, so that no step is
-// repeated without proof: a step the status says is Done is recorded done;
-// a step it says is Running gets an intent with the boot ID of the claim,
-// so the step's Done check decides on replay (a reboot is done when the
-// boot ID changed).
-func (e *Engine) rebuildSteps(a *active) error {
+// aside as corrupt) rebuilt from the status the API holds, to be recorded
+// with the adoption's snapshot, so that no step is repeated without proof:
+// a step the status says is Done is recorded done; a step it says is
+// Running gets an intent with the boot ID of the claim, so the step's Done
+// check decides on replay (a reboot is done when the boot ID changed).
+func (e *Engine) rebuiltSteps(a *active) []journal.StepRecord {
 	boot := ""
 	if a.status.Holder != nil {
 		boot = a.status.Holder.BootID
 	}
+	var out []journal.StepRecord
 	for _, st := range a.status.Steps {
 		if st.State != v1alpha1.StepDone && st.State != v1alpha1.StepRunning {
 			continue
@@ -838,17 +848,12 @@ func (e *Engine) rebuildSteps(a *active) error {
 		if st.StartTime != nil {
 			at = st.StartTime.Time
 		}
-		if _, err := e.cfg.Journal.AppendStep(a.uid, journal.StepRecord{Step: st.Name, Phase: journal.PhaseIntent, At: at,
-			State: journal.StepRunning, Attempt: attempt, BootID: boot, Message: "rebuilt from the event's status"}); err != nil {
-			return err
-		}
+		out = append(out, journal.StepRecord{Step: st.Name, Phase: journal.PhaseIntent, At: at,
+			State: journal.StepRunning, Attempt: attempt, BootID: boot, Message: "rebuilt from the event's status"})
 		if st.State == v1alpha1.StepDone {
-			if _, err := e.cfg.Journal.AppendStep(a.uid, journal.StepRecord{Step: st.Name, Phase: journal.PhaseDone,
-				State: journal.StepDone, Attempt: attempt, BootID: boot, Message: "rebuilt from the event's status"}); err != nil {
-				return err
-			}
+			out = append(out, journal.StepRecord{Step: st.Name, Phase: journal.PhaseDone,
+				State: journal.StepDone, Attempt: attempt, BootID: boot, Message: "rebuilt from the event's status"})
 		}
 	}
-	e.log.Info("adopted an event this agent had claimed; steps rebuilt from its status", "event", a.name)
-	return nil
+	return out
 }

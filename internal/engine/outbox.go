@@ -38,7 +38,7 @@ const runningDeliveryWait = 10 * time.Second
 // reports whether the status was delivered. A step with a Done check
 // calls it between queuing its Running and acting: the journal's intent
 // is what makes a replay ask before acting again, and the status's
-// Running is what does it when the journal is lost (rebuildSteps). Queued
+// Running is what does it when the journal is lost (rebuiltSteps). Queued
 // is not enough: a reboot that went ahead of the delivery (the flusher is
 // asynchronous) took the Running down with the old boot, and a lost
 // journal after it would have repeated the reboot. An API server that is

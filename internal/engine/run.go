@@ -33,6 +33,10 @@ type active struct {
 	nodeStarted   bool   // the Node condition "in progress" is queued
 	lastNode      string // the Node conditions last queued (pushNode)
 	resumed       bool   // from the journal after a restart (not claimed by this process)
+	// seedSteps and seedOwned: an adoption's history rebuilt from the API,
+	// committed with its first snapshot (then nil).
+	seedSteps []journal.StepRecord
+	seedOwned []journal.Change
 	// planned: the Node's MaintenancePlanned=True named this event when it
 	// was claimed (it waited for a window or the gates): its conditions
 	// set it False. Journaled ("planned"), for a replay's conditions.
@@ -393,7 +397,7 @@ func (e *Engine) runStep(ctx context.Context, a *active, i, attempt int, rt *ste
 	if s.Done != nil {
 		// A step with a Done check is not simply repeated: after a lost
 		// journal the status's Running is what makes a replay ask before
-		// acting again (rebuildSteps). It goes out at once.
+		// acting again (rebuiltSteps). It goes out at once.
 		e.pushStatus(a)
 	} else {
 		e.pushStatusLazy(a)

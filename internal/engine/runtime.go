@@ -49,7 +49,7 @@ func (r *stepRuntime) Progress(msg string) {
 // StepStarted is the time of the running step's first intent record:
 // every attempt appends one, the first is kept until the event ends. The
 // zero time when the journal cannot be read or has none (an adopted event
-// whose journal was lost gets one rebuilt at adoption, rebuildSteps).
+// whose journal was lost gets one rebuilt at adoption, rebuiltSteps).
 func (r *stepRuntime) StepStarted() time.Time {
 	r.a.statusMu.Lock()
 	step := r.a.status.CurrentStep

@@ -2,6 +2,7 @@ package journal
 
 import (
 	"fmt"
+	"slices"
 
 	bolt "go.etcd.io/bbolt"
 )
@@ -26,9 +27,29 @@ func (j *Journal) PutEvent(rec EventRecord, push ...OutboxEntry) error {
 	for i := range push {
 		j.stampOutbox(&push[i])
 	}
+	steps, owned := slices.Clone(rec.Steps), slices.Clone(rec.Owned)
+	for i := range steps {
+		steps[i].V = RecordVersion
+		if steps[i].At.IsZero() {
+			steps[i].At = j.clock.Now()
+		}
+	}
+	for i := range owned {
+		j.stampOwned(&owned[i])
+	}
 	err := j.update(func(tx *bolt.Tx) error {
 		if err := putEvent(tx, rec); err != nil {
 			return err
+		}
+		for _, st := range steps {
+			if _, err := appendStep(tx, rec.UID, st); err != nil {
+				return err
+			}
+		}
+		for _, c := range owned {
+			if err := putOwned(tx, c); err != nil {
+				return err
+			}
 		}
 		for i := range push {
 			if err := j.outboxPush(tx, &push[i]); err != nil {

@@ -458,3 +458,44 @@ func TestStoredEnumValues(t *testing.T) {
 		t.Errorf("stored enum values changed: %v, want %v", got, want)
 	}
 }
+
+// PutEvent's Steps and Owned go in the event's own transaction: all of
+// them, or (one refused) none, the event included — an adoption's history
+// rebuilt from the API is never half committed.
+func TestPutEventWithStepsAndOwned(t *testing.T) {
+	j, _ := openJournal(t, journalPath(t), testOptions(t))
+	rec := EventRecord{UID: "uid-a", Name: "ev-a", Driver: "reboot", State: EventClaimed,
+		Steps: []StepRecord{
+			{Step: "reboot", Phase: PhaseIntent, State: StepRunning, Attempt: 1, BootID: "b1"},
+			{Step: "reboot", Phase: PhaseDone, State: StepDone, Attempt: 1, BootID: "b1"},
+		},
+		Owned: []Change{{Kind: ChangeCordon, Node: "node-a", EventUID: "uid-a", Value: "ev-a"}}}
+	bad := rec
+	bad.UID, bad.Owned = "uid-b", []Change{{Kind: ChangeAnnotation, Node: "node-a", EventUID: "uid-b"}}
+	if err := j.PutEvent(bad); !errors.Is(err, errInvalidRecord) {
+		t.Fatalf("PutEvent with an invalid owned change = %v, want errInvalidRecord", err)
+	}
+	if _, ok, err := j.Event("uid-b"); ok || err != nil {
+		t.Fatalf("the refused event was committed (%v, %v)", ok, err)
+	}
+	if steps, _ := j.Steps("uid-b"); len(steps) != 0 {
+		t.Fatalf("the refused event's steps were committed: %+v", steps)
+	}
+	if err := j.PutEvent(rec); err != nil {
+		t.Fatal(err)
+	}
+	steps, err := j.Steps("uid-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(steps) != 2 || steps[0].Seq != 1 || steps[0].Phase != PhaseIntent || steps[1].Seq != 2 || steps[1].State != StepDone || steps[1].At.IsZero() {
+		t.Fatalf("steps = %+v", steps)
+	}
+	owned, err := j.Owned()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(owned) != 1 || owned[0].Key() != "cordon/node-a" || owned[0].EventUID != "uid-a" {
+		t.Fatalf("owned = %+v", owned)
+	}
+}

@@ -12,17 +12,9 @@ import (
 // same change again replaces the record. V is set by the journal, At when
 // zero. It returns c.Key().
 func (j *Journal) AddOwned(c Change) (string, error) {
-	c.V = RecordVersion
-	if c.At.IsZero() {
-		c.At = j.clock.Now()
-	}
-	c.At = c.At.UTC()
+	j.stampOwned(&c)
 	err := j.update(func(tx *bolt.Tx) error {
-		v, err := encode(&c)
-		if err != nil {
-			return err
-		}
-		if err := tx.Bucket(bucketOwned).Put([]byte(c.Key()), v); err != nil {
+		if err := putOwned(tx, c); err != nil {
 			return err
 		}
 		// gofail: var journalBeforeOwnedCommit struct{}
@@ -65,4 +57,21 @@ func (j *Journal) RemoveOwned(key string) error {
 		return fmt.Errorf("journal: remove owned change %s: %w", key, err)
 	}
 	return nil
+}
+
+// stampOwned sets c's version, and its time when zero.
+func (j *Journal) stampOwned(c *Change) {
+	c.V = RecordVersion
+	if c.At.IsZero() {
+		c.At = j.clock.Now()
+	}
+	c.At = c.At.UTC()
+}
+
+func putOwned(tx *bolt.Tx, c Change) error {
+	v, err := encode(&c)
+	if err != nil {
+		return err
+	}
+	return tx.Bucket(bucketOwned).Put([]byte(c.Key()), v)
 }

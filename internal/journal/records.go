@@ -120,6 +120,12 @@ type EventRecord struct {
 	// notify bucket in the same transaction, so the message about a state
 	// is queued exactly when the state is committed.
 	Notices []Notice `json:"-"`
+	// Steps and Owned are not part of the record either: PutEvent appends
+	// the steps to the event's step log (as AppendStep does) and records
+	// the changes (as AddOwned does) in the same transaction — an adopted
+	// event's history rebuilt from the API is never half there.
+	Steps []StepRecord `json:"-"`
+	Owned []Change     `json:"-"`
 }
 
 // StepRecord is one entry of an event's step log, key steps/<UID>/<Seq>.

@@ -216,3 +216,48 @@ func grepLog(log, s string) string {
 	}
 	return strings.Join(out, "\n")
 }
+
+// TestCrashInAdoption: the same reboot, killed in its readiness wait, its
+// journal lost; the restarted agent adopts it from the API and dies right
+// after the adoption's journal commit. The third start replays it from
+// that journal. The history rebuilt from the status (reboot Done, the
+// wait begun) and the cordon's ownership must be in that commit: they
+// were written after it, one record at a time, and a crash between left
+// the event journaled with no steps — the replay rebooted again.
+func TestCrashInAdoption(t *testing.T) {
+	ctx := context.Background()
+	w := killedInReadinessWait(t, "ready-adopt-crash")
+	c := w.c
+	if err := os.Remove(c.journal()); err != nil {
+		t.Fatal(err)
+	}
+	a2 := c.start(t, `engineAfterClaimSnapshot=panic("crash after the adoption's commit")`)
+	select {
+	case <-a2.done:
+	case <-time.After(90 * time.Second):
+		t.Fatal("the adopting agent did not reach engineAfterClaimSnapshot within 90s")
+	}
+	if !strings.Contains(a2.logText(), "panic: failpoint panic: crash after the adoption's commit") {
+		t.Fatalf("the adopting agent died, but not at engineAfterClaimSnapshot: %s", a2.exit())
+	}
+	a3 := c.start(t, "")
+	defer func() { _ = a3.stop(30 * time.Second) }()
+	waitFor(t, "the replayed wait naming the GPUs", time.Minute, a3, func() bool { return strings.Contains(w.msg(), readinessMissing) }, w.msg)
+	w.setGPUs(8)
+	waitFor(t, "the reboot to succeed", time.Minute, a3, func() bool { return strings.HasPrefix(w.msg(), "Succeeded") }, w.msg)
+	if n := len(actionTimes(c.logs, logReboot, "")); n != 1 {
+		t.Errorf("%d reboots for one event, want 1: the replay after the adoption's crash ran the reboot again", n)
+	}
+	if w.cordoned() {
+		t.Error("the node is still cordoned after the event succeeded: the adoption's commit lost the cordon's ownership")
+	}
+	ev, err := w.lc.Events.Get(ctx, c.event, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range ev.Status.Steps {
+		if s.Name == "reboot" && s.Attempt != 1 {
+			t.Errorf("step reboot after %d attempts, want 1", s.Attempt)
+		}
+	}
+}
