@@ -619,8 +619,9 @@ func (e *Engine) retryLeftoverUndo(ctx context.Context) {
 // releaseOrphans lets go of deleted events of this node that carry our
 // finalizer but that no agent will ever finish: not in our journal (it
 // was lost, or moved aside as corrupt), held by us, by a former identity
-// of ours, or by a holder whose node Lease is not live (an agent on a
-// machine that was re-imaged or replaced: its identity is gone for good).
+// of ours, or by a holder whose node Lease is not live when this host is
+// the Node's machine (its boot ID is the one the kubelet reports: an agent
+// on a machine that was re-imaged or replaced, its identity gone for good).
 // An event held by a live holder (another agent given this node name) is
 // left to it. Releasing undoes what the event is known to have left on
 // the Node — its cordon (cordoned-by names it) and a LifecycleTransition
@@ -667,6 +668,15 @@ func (e *Engine) releaseOrphans(ctx context.Context) {
 			live, err := e.cfg.API.NodeLeaseHolder(ctx, now)
 			if err != nil || live == holder {
 				continue // its holder is alive (or we cannot tell): its holder finishes it
+			}
+			// An expired Lease does not show that its holder is gone (a long
+			// reboot or a partition outlasts any Lease: DESIGN §6): only
+			// the Node's own machine — the host whose boot ID its kubelet
+			// reports, as takeOver asks — lets another identity's event go.
+			// A twin (another machine given this node's name) never does:
+			// it would uncordon the node under a host still rebooting.
+			if n, err := e.cfg.API.GetNode(ctx); err != nil || n.Status.NodeInfo.BootID != e.cfg.Host.BootID() {
+				continue
 			}
 		}
 		if err := e.releaseOrphan(ctx, ev, now); err != nil {

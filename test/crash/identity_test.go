@@ -4,14 +4,17 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
 
 	"github.com/lifecycle-agent/lifecycle-agent/api/v1alpha1"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/agent"
+	"github.com/lifecycle-agent/lifecycle-agent/internal/hostops"
 )
 
 const (
@@ -81,7 +84,26 @@ func TestOtherMachineSameNodeName(t *testing.T) {
 	if ev, err = lc.Events.Get(ctx, c.event, metav1.GetOptions{}); err != nil {
 		t.Fatalf("the deleted event held by live host A is gone already (%v): host B released it", err)
 	}
-	// A's Lease expires (it is not coming back soon): B releases the event.
+	// A's Lease expires. While the Node's kubelet reports another
+	// machine's boot ID (B is a twin: A may be rebooting, longer than any
+	// Lease), B must still leave the event to A; once the Node's boot ID
+	// is B's (this host is the node's machine: re-imaged or replaced), B
+	// releases it.
+	setNodeBoot := func(boot string) {
+		t.Helper()
+		if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+			n, err := cs.CoreV1().Nodes().Get(ctx, c.node, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			n.Status.NodeInfo.BootID = boot
+			_, err = cs.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{})
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	setNodeBoot("0f4b7a0e-3333-4c3e-9d1a-5a5a5a5a5a03") // host A's, rebooting
 	leases := lc.Leases(v1alpha1.SystemNamespace)
 	l, err := leases.Get(ctx, "node-"+c.node, metav1.GetOptions{})
 	if err != nil {
@@ -95,6 +117,15 @@ func TestOtherMachineSameNodeName(t *testing.T) {
 	if _, err := leases.Update(ctx, l, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	time.Sleep(12 * time.Second) // releaseOrphans looks every 10 s
+	if _, err := lc.Events.Get(ctx, c.event, metav1.GetOptions{}); err != nil {
+		t.Fatalf("the deleted event of host A, Lease expired, is gone (%v): host B released it while the Node's kubelet is another machine's", err)
+	}
+	bootB, err := os.ReadFile(filepath.Join(c.dir, hostops.SimulatedBootIDFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	setNodeBoot(strings.TrimSpace(string(bootB)))
 	waitFor(t, "host B to release the deleted event of dead host A", 30*time.Second, b, func() bool {
 		_, err := lc.Events.Get(ctx, c.event, metav1.GetOptions{})
 		return apierrors.IsNotFound(err)
