@@ -20,6 +20,11 @@ const (
 	AnnotationLeaseEventUID = "lifecycle.x-k8s.io/event-uid"
 )
 
+// LabelLeaseNode names the node whose agent last took a Lease (its node
+// Lease or a disruption slot): HeldLeases lists this node's by it, not the
+// whole namespace.
+const LabelLeaseNode = "lifecycle.x-k8s.io/node"
+
 // ErrLeaseHeld means another live holder has the lease.
 var ErrLeaseHeld = errors.New("apiclient: lease held by another agent")
 
@@ -138,16 +143,29 @@ type HeldLease struct {
 }
 
 // HeldLeases lists the Leases of lifecycle-system that identity (or one of
-// FormerIdentities) holds: one LIST, for the rare sweep after a start or a
-// failed claim (engine releaseStaleLeases), never on a timer.
+// FormerIdentities) holds, for the rare sweep after a start or a failed
+// claim (engine releaseStaleLeases), never on a timer: the ones this node
+// took last (LabelLeaseNode: one LIST of this node's, not the fleet's), and
+// its node Lease read by name (one taken by an agent before the label).
 func (c *Client) HeldLeases(ctx context.Context, identity string) ([]HeldLease, error) {
-	list, err := c.LC.Leases(v1alpha1.SystemNamespace).List(ctx, metav1.ListOptions{})
+	leases := c.LC.Leases(v1alpha1.SystemNamespace)
+	list, err := leases.List(ctx, metav1.ListOptions{LabelSelector: LabelLeaseNode + "=" + c.Node})
 	if err != nil {
 		return nil, fmt.Errorf("apiclient: list leases: %w", err)
 	}
+	items := list.Items
+	if !slices.ContainsFunc(items, func(l v1alpha1.LifecycleLease) bool { return l.Name == NodeLeaseName(c.Node) }) {
+		l, err := leases.Get(ctx, NodeLeaseName(c.Node), metav1.GetOptions{})
+		switch {
+		case err == nil:
+			items = append(items, *l)
+		case !apierrors.IsNotFound(err):
+			return nil, fmt.Errorf("apiclient: get lease %s: %w", NodeLeaseName(c.Node), err)
+		}
+	}
 	var out []HeldLease
-	for i := range list.Items {
-		l := &list.Items[i]
+	for i := range items {
+		l := &items[i]
 		if !c.heldBy(l, identity) {
 			continue
 		}
@@ -265,6 +283,7 @@ func (c *Client) acquireIf(ctx context.Context, name string, h LeaseHolder, now 
 	if apierrors.IsNotFound(err) {
 		l = &v1alpha1.LifecycleLease{
 			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: v1alpha1.SystemNamespace,
+				Labels:      map[string]string{LabelLeaseNode: c.Node},
 				Annotations: map[string]string{AnnotationLeaseEvent: h.Event, AnnotationLeaseEventUID: h.EventUID}},
 			Spec: coordv1.LeaseSpec{HolderIdentity: &h.Identity, LeaseDurationSeconds: &secs, AcquireTime: &mt, RenewTime: &mt},
 		}
@@ -311,6 +330,10 @@ func (c *Client) updateLease(ctx context.Context, l *v1alpha1.LifecycleLease, h 
 	}
 	l.Annotations[AnnotationLeaseEvent] = h.Event
 	l.Annotations[AnnotationLeaseEventUID] = h.EventUID
+	if l.Labels == nil {
+		l.Labels = map[string]string{}
+	}
+	l.Labels[LabelLeaseNode] = c.Node
 	l.Spec.HolderIdentity = &h.Identity
 	l.Spec.LeaseDurationSeconds = &secs
 	l.Spec.RenewTime = &mt

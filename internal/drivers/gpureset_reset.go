@@ -137,7 +137,10 @@ func (p *gpuResetPlan) reset(ctx context.Context, rt Runtime) error {
 	// the next safe point, after it (DESIGN §2). Killed midway, nvidia-smi
 	// can leave GPUs half reset, and a set on an NVSwitch fabric with its
 	// Fabric Manager restarted over them. Its own timeout bounds it
-	// (devices.DefaultSMITimeout on the nvidia-smi route).
+	// (devices.DefaultSMITimeout on the nvidia-smi route). A stop waits
+	// for it only as long as systemd does (TimeoutStopSec, 30 s; KillMode
+	// mixed then kills nvidia-smi too): a reset takes seconds per GPU, and
+	// the replay then reads "maybe reset" and lets verify-gpus decide.
 	if err := r.Reset(context.WithoutCancel(ctx), group); err != nil {
 		return fmt.Errorf("gpu-reset: reset of %s failed: %w", strings.Join(group, ", "), err)
 	}

@@ -359,6 +359,12 @@ func (e *Engine) claim(ctx context.Context, cached *v1alpha1.LifecycleEvent) (*a
 		return nil, nil
 	}
 	lt, err := e.cfg.API.GetTransition(ctx, ev.Spec.TransitionName)
+	if apierrors.IsNotFound(err) && adopt {
+		// Ours already: a transition deleted since the claim does not stop
+		// it (the claim fixed the driver, and the status names it).
+		lt, err = &v1alpha1.LifecycleTransition{ObjectMeta: metav1.ObjectMeta{Name: ev.Spec.TransitionName},
+			Spec: v1alpha1.LifecycleTransitionSpec{Driver: ev.Status.Driver.Name}}, nil
+	}
 	if apierrors.IsNotFound(err) {
 		// The proposal's "skip and retry": `kubectl apply` of an event
 		// before its transition works; it waits, Pending, saying why.
@@ -371,23 +377,32 @@ func (e *Engine) claim(ctx context.Context, cached *v1alpha1.LifecycleEvent) (*a
 		return nil, err
 	}
 	d, ok := e.driverFor(lt.Spec.Driver)
+	if !ok && adopt {
+		// Ours, but its driver is not enabled here any more (the config, or
+		// its hardware gone): adopted to fail and be aborted, as resume
+		// does (goneDriver's plan refuses), not left Claimed for good with
+		// every other event of the node waiting behind it.
+		d, ok = goneDriver{name: lt.Spec.Driver, start: ev.Status.Driver.Start, end: ev.Status.Driver.End}, true
+	}
 	if !ok {
 		return nil, nil // another driver host's (or a disabled driver): leave it
 	}
-	// Only a nodeSelector needs the Node's labels.
-	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: e.cfg.Node}}
-	if lt.Spec.NodeSelector != nil {
-		if node, err = e.cfg.API.GetNode(ctx); err != nil {
-			return nil, err
+	if !adopt { // ours already: where it applies was decided at its claim
+		// Only a nodeSelector needs the Node's labels.
+		node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: e.cfg.Node}}
+		if lt.Spec.NodeSelector != nil {
+			if node, err = e.cfg.API.GetNode(ctx); err != nil {
+				return nil, err
+			}
 		}
-	}
-	applies, err := apiclient.TransitionApplies(lt, node)
-	if err != nil {
-		return nil, e.reject(ctx, ev, err.Error())
-	}
-	if !applies {
-		e.queuePlanned(ctx, ev, fmt.Sprintf("waiting: LifecycleTransition %q does not apply to node %s", lt.Name, e.cfg.Node), ReasonTransitionNotApplicable, false)
-		return nil, nil
+		applies, err := apiclient.TransitionApplies(lt, node)
+		if err != nil {
+			return nil, e.reject(ctx, ev, err.Error())
+		}
+		if !applies {
+			e.queuePlanned(ctx, ev, fmt.Sprintf("waiting: LifecycleTransition %q does not apply to node %s", lt.Name, e.cfg.Node), ReasonTransitionNotApplicable, false)
+			return nil, nil
+		}
 	}
 	params, opts, planErr := splitParams(ev.Spec.Parameters)
 	if planErr == nil {

@@ -95,6 +95,7 @@ type Engine struct {
 	// leaseSweep: releaseStaleLeases is due (after the start, a failed
 	// claim, an orphan released) and runs at the next idle round.
 	leaseSweep bool
+	sweepAfter time.Time // after a failed sweep: not before then
 	// planned is the event whose MaintenancePlanned=True the Node shows
 	// (queueForSlot); plannedRead: the Node was read for it since the start.
 	planned     string
@@ -310,9 +311,12 @@ func (e *Engine) Run(ctx context.Context) error {
 			e.retryLeftoverUndo(ctx)
 			if w.Synced() {
 				e.releaseOrphans(ctx)
-				if e.leaseSweep {
+				if e.leaseSweep && !e.cfg.Clock.Now().Before(e.sweepAfter) {
 					if err := e.releaseStaleLeases(ctx); err != nil {
-						e.log.Info("releasing Leases held for events gone or ended failed; will retry", "err", err)
+						// Not every round: an API server that refuses gets
+						// one try a minute.
+						e.sweepAfter = e.cfg.Clock.Now().Add(time.Minute)
+						e.log.Info("releasing Leases held for events gone or ended failed; will retry in a minute", "err", err)
 					} else {
 						e.leaseSweep = false
 					}
@@ -676,6 +680,8 @@ func (e *Engine) releaseOrphans(ctx context.Context) {
 			// A twin (another machine given this node's name) never does:
 			// it would uncordon the node under a host still rebooting.
 			if n, err := e.cfg.API.GetNode(ctx); err != nil || n.Status.NodeInfo.BootID != e.cfg.Host.BootID() {
+				// A twin may wait for good: look again in 30 s, not 10.
+				e.orphanAt[uid] = now.Add(20 * time.Second)
 				continue
 			}
 		}

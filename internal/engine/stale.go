@@ -22,8 +22,10 @@ import (
 // test/crash TestChaos, invariant 7).
 //
 // It runs when no event runs, after the start and after such a claim or
-// release (e.leaseSweep), never on a timer: one LIST of lifecycle-system's
-// Leases and a read per held one. A Lease for an event that still exists
+// release (e.leaseSweep), never on a timer (a failed sweep is tried again
+// at most once a minute): one LIST of the Leases this node took
+// (apiclient.LabelLeaseNode), a read of its node Lease when that LIST
+// lacks it, and a read per held one. A Lease for an event that still exists
 // and has not ended is left: a Pending event keeps the slot it queued for,
 // and an event Claimed by us that the journal lost is adopted.
 func (e *Engine) releaseStaleLeases(ctx context.Context) error {

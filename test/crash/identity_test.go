@@ -126,7 +126,8 @@ func TestOtherMachineSameNodeName(t *testing.T) {
 		t.Fatal(err)
 	}
 	setNodeBoot(strings.TrimSpace(string(bootB)))
-	waitFor(t, "host B to release the deleted event of dead host A", 30*time.Second, b, func() bool {
+	// releaseOrphans looks again 30 s after a boot ID that was not its own.
+	waitFor(t, "host B to release the deleted event of dead host A", 45*time.Second, b, func() bool {
 		_, err := lc.Events.Get(ctx, c.event, metav1.GetOptions{})
 		return apierrors.IsNotFound(err)
 	})

@@ -139,3 +139,42 @@ func TestAdoptsBeforeClaimingAnother(t *testing.T) {
 		}
 	}
 }
+
+// The same lost journal, but the restarted agent no longer has the claimed
+// event's driver (its config dropped it, or its hardware is gone): the
+// event is adopted to be failed, saying why, and aborted — as a replay from
+// the journal does — so the node's next event runs. Left Claimed, it held
+// every other event of the node back for good.
+func TestAdoptsAnEventWhoseDriverIsGone(t *testing.T) {
+	node := "adopt-gone"
+	newNode(t, node)
+	dir := t.TempDir()
+	lc := clients(t, env.AdminConfig())
+	ctx := context.Background()
+	mine, next := node+"-y", node+"-z"
+	a1 := startAgent(t, node, agentOpts{retention: time.Hour, dir: dir, extra: []drivers.Driver{newGateDriver("two", false, "hold")}})
+	waitFor(t, "the transition", 30*time.Second, func() bool {
+		_, err := lc.Transitions.Get(ctx, transitionName(node, "two"), metav1.GetOptions{})
+		return err == nil
+	})
+	createEvent(t, mine, node, transitionName(node, "two"), nil, nil)
+	waitFor(t, "the event claimed and held at its step", 30*time.Second, func() bool {
+		ev, err := lc.Events.Get(ctx, mine, metav1.GetOptions{})
+		return err == nil && ev.Status.CurrentStep == "hold"
+	})
+	a1.stop(t)
+	if err := os.Remove(filepath.Join(dir, "journal.db")); err != nil {
+		t.Fatal(err)
+	}
+	createEvent(t, next, node, transitionName(node, "three"), nil, nil)
+	g3 := newGateDriver("three", false, "step3")
+	g3.open("step3")
+	startAgent(t, node, agentOpts{retention: time.Hour, dir: dir, extra: []drivers.Driver{g3}})
+	ev := waitEvent(t, mine, 60*time.Second)
+	if ev.Status.ClaimStatus != v1alpha1.LifecycleEventFailed || !strings.Contains(ev.Status.Message, "not enabled") {
+		t.Fatalf("event %s, its driver gone, ended %s: %q; want Failed saying the driver is not enabled", mine, ev.Status.ClaimStatus, ev.Status.Message)
+	}
+	if ev := waitEvent(t, next, 60*time.Second); ev.Status.ClaimStatus != v1alpha1.LifecycleEventSucceeded {
+		t.Fatalf("event %s ended %s: %s", next, ev.Status.ClaimStatus, ev.Status.Message)
+	}
+}
