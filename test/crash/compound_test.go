@@ -372,63 +372,10 @@ func TestRealModeWithoutLogind(t *testing.T) {
 // the verify step's own message — not run the failed step again (resuming
 // the event as if it were running did), nor upgrade or reboot again.
 func TestCrashDuringAbortOfFailedStep(t *testing.T) {
-	c, lc, cs, _ := compoundCase(t, "compound-abort-failed", false)
-	ctx := context.Background()
-	if err := os.WriteFile(c.config(), []byte(chaosConfig), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	a1 := c.start(t, `engineDuringAbort=1*panic("crash at engineDuringAbort")`)
-	waitFor(t, "transition published", 60*time.Second, a1, func() bool {
-		_, err := lc.Transitions.Get(ctx, c.node+"-os-upgrade", metav1.GetOptions{})
-		return err == nil
-	})
-	ev := &v1alpha1.LifecycleEvent{ObjectMeta: metav1.ObjectMeta{Name: c.event},
-		Spec: v1alpha1.LifecycleEventSpec{TransitionName: c.node + "-os-upgrade", BindingNode: c.node,
-			Parameters: map[string]string{"profile": "chaos", "targetVersionID": "999"}}}
-	if _, err := lc.Events.Create(ctx, ev, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-a1.done:
-	case <-time.After(90 * time.Second):
-		t.Fatal("the agent did not reach engineDuringAbort within 90s")
-	}
-	if !strings.Contains(a1.logText(), "panic: failpoint panic: crash at engineDuringAbort") {
-		t.Fatalf("the agent died, but not at engineDuringAbort: %s", a1.exit())
-	}
-	a2 := c.start(t, "")
-	var end *v1alpha1.LifecycleEvent
-	waitFor(t, "the event to end", 60*time.Second, a2, func() bool {
-		got, err := lc.Events.Get(ctx, c.event, metav1.GetOptions{})
-		if err == nil && got.Status.ClaimStatus.Finished() && len(got.Finalizers) == 0 {
-			end = got
-			return true
-		}
-		return false
-	})
-	if end.Status.ClaimStatus != v1alpha1.LifecycleEventFailed || !strings.Contains(end.Status.Message, "999") {
-		t.Errorf("ended %s: %q, want Failed naming the expected VERSION_ID 999", end.Status.ClaimStatus, end.Status.Message)
-	}
-	for _, s := range end.Status.Steps {
-		if s.Name == "verify" && (s.State != v1alpha1.StepFailed || s.Attempt != 1) {
-			t.Errorf("step verify %s after %d attempt(s), want Failed after 1: the failed step ran again", s.State, s.Attempt)
-		}
-	}
-	if n := strings.Count(a2.logText(), "step=verify"); n > 0 {
-		t.Errorf("the restarted agent ran verify again (%d log lines):\n%s", n, tail(a2.log, 30))
-	}
+	a2 := crashInFailedUpgrade(t, "compound-abort-failed", "engineDuringAbort")
 	if !strings.Contains(a2.logText(), `state=Aborting`) {
 		t.Errorf("the restarted agent did not resume the event in its abort:\n%s", tail(a2.log, 30))
 	}
-	logs := []string{a1.log, a2.log}
-	if n := len(actionTimes(logs, logReboot, "")); n != 1 {
-		t.Errorf("%d reboots, want the one before verify", n)
-	}
-	if n := len(actionTimes(logs, logTransient, "chaos-upgrade")); n != 1 {
-		t.Errorf("the upgrade ran %d times, want 1", n)
-	}
-	// A failed upgrade is uncordoned by its abort (docs/pipelines.md).
-	waitUncordoned(t, c, cs, a2)
 	if err := a2.stop(20 * time.Second); err != nil {
 		t.Error(err)
 	}
@@ -443,12 +390,25 @@ func TestCrashDuringAbortOfFailedStep(t *testing.T) {
 // upgrade whose outcome could not be told, ErrUndecidable, that is a
 // second upgrade).
 func TestCrashAfterStepFailed(t *testing.T) {
-	c, lc, cs, _ := compoundCase(t, "compound-step-failed", false)
+	a2 := crashInFailedUpgrade(t, "compound-step-failed", "engineAfterStepFailed")
+	if err := a2.stop(20 * time.Second); err != nil {
+		t.Error(err)
+	}
+}
+
+// crashInFailedUpgrade runs an os-upgrade whose verify step fails, the
+// agent dying at failpoint on the way to its end, and restarts it: the
+// event must end Failed with verify's message, verify run once, one reboot
+// and one upgrade in all, the node uncordoned (a failed upgrade's abort
+// does). It returns the restarted agent.
+func crashInFailedUpgrade(t *testing.T, node, failpoint string) *agentProc {
+	t.Helper()
+	c, lc, cs, _ := compoundCase(t, node, false)
 	ctx := context.Background()
 	if err := os.WriteFile(c.config(), []byte(chaosConfig), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	a1 := c.start(t, `engineAfterStepFailed=1*panic("crash at engineAfterStepFailed")`)
+	a1 := c.start(t, failpoint+`=1*panic("crash at `+failpoint+`")`)
 	waitFor(t, "transition published", 60*time.Second, a1, func() bool {
 		_, err := lc.Transitions.Get(ctx, c.node+"-os-upgrade", metav1.GetOptions{})
 		return err == nil
@@ -462,10 +422,10 @@ func TestCrashAfterStepFailed(t *testing.T) {
 	select {
 	case <-a1.done:
 	case <-time.After(90 * time.Second):
-		t.Fatal("the agent did not reach engineAfterStepFailed within 90s")
+		t.Fatalf("the agent did not reach %s within 90s", failpoint)
 	}
-	if !strings.Contains(a1.logText(), "panic: failpoint panic: crash at engineAfterStepFailed") {
-		t.Fatalf("the agent died, but not at engineAfterStepFailed: %s", a1.exit())
+	if !strings.Contains(a1.logText(), "panic: failpoint panic: crash at "+failpoint) {
+		t.Fatalf("the agent died, but not at %s: %s", failpoint, a1.exit())
 	}
 	a2 := c.start(t, "")
 	var end *v1alpha1.LifecycleEvent
@@ -495,10 +455,9 @@ func TestCrashAfterStepFailed(t *testing.T) {
 	if n := len(actionTimes(logs, logTransient, "chaos-upgrade")); n != 1 {
 		t.Errorf("the upgrade ran %d times, want 1", n)
 	}
+	// A failed upgrade is uncordoned by its abort (docs/pipelines.md).
 	waitUncordoned(t, c, cs, a2)
-	if err := a2.stop(20 * time.Second); err != nil {
-		t.Error(err)
-	}
+	return a2
 }
 
 // An event deleted in the instant after the agent's claim (a failpoint

@@ -83,20 +83,7 @@ func TestGPUResetNotInterruptedByCancel(t *testing.T) {
 	node := "gpuw-cancel"
 	fleet := devicestest.New(devicestest.DGXH100)
 	fleet.StableUUIDs()
-	kubelet := chaosNode(t, node)
-	logind := logindtest.Start(t, logindtest.Options{InhibitDelayMax: 30 * time.Second})
-	c := chaosCase(t, node, node+"-reset", agentConfig+"gpu:\n  resetMethod: nvidia-smi\n", env.NodeConfig(node))
-	c.kubelet = kubelet
-	c.hostMode = "real"
-	devDir := filepath.Join(c.dir, "dev")
-	if err := os.Mkdir(devDir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	resetLog := filepath.Join(c.dir, "resets")
-	c.extraEnv = append(c.extraEnv, "DBUS_SYSTEM_BUS_ADDRESS="+logind.Address(),
-		"LIFECYCLE_AGENT_TEST_NVML=dgxh100", "LIFECYCLE_AGENT_TEST_NVML_FAULTS=0:GPU_RESET",
-		"LIFECYCLE_AGENT_TEST_GPU_DEVICES="+devDir, "LIFECYCLE_AGENT_TEST_GPU_RESET_LOG="+resetLog,
-		"LIFECYCLE_AGENT_TEST_GPU_RESET_TAKES=3s")
+	c, resetLog := gpuWiringCase(t, node, "nvidia-smi", "LIFECYCLE_AGENT_TEST_GPU_RESET_TAKES=3s")
 	lc, err := apiclient.NewLifecycleClients(admin)
 	if err != nil {
 		t.Fatal(err)
@@ -135,17 +122,14 @@ func TestGPUResetNotInterruptedByCancel(t *testing.T) {
 	}, health)
 }
 
-func resetLines(uuids []string, session string) []string {
-	var out []string
-	for _, u := range uuids {
-		out = append(out, fmt.Sprintf("reset %s session=%s eventsets=0", u, session))
-	}
-	return out
-}
-
-func runGPUWiringCase(t *testing.T, node, method, gpus string, noSession bool, want []string, fail *regexp.Regexp) {
-	ctx := context.Background()
-	admin := env.AdminConfig()
+// gpuWiringCase is a case for the real binary in real host mode on
+// go-nvml's mock of a DGX H100, GPU 0 with recovery action GPU_RESET, its
+// device nodes held by the agent's NVML session and the test build's
+// nvidia-smi double (a test logind for the inhibitor; gpu.resetMethod
+// method; extraEnv for the agent). It returns the case and the file where
+// the mock logs each reset that took effect.
+func gpuWiringCase(t *testing.T, node, method string, extraEnv ...string) (*crashCase, string) {
+	t.Helper()
 	kubelet := chaosNode(t, node)
 	logind := logindtest.Start(t, logindtest.Options{InhibitDelayMax: 30 * time.Second})
 	c := chaosCase(t, node, node+"-reset", agentConfig+"gpu:\n  resetMethod: "+method+"\n", env.NodeConfig(node))
@@ -159,9 +143,26 @@ func runGPUWiringCase(t *testing.T, node, method, gpus string, noSession bool, w
 	c.extraEnv = append(c.extraEnv, "DBUS_SYSTEM_BUS_ADDRESS="+logind.Address(),
 		"LIFECYCLE_AGENT_TEST_NVML=dgxh100", "LIFECYCLE_AGENT_TEST_NVML_FAULTS=0:GPU_RESET",
 		"LIFECYCLE_AGENT_TEST_GPU_DEVICES="+devDir, "LIFECYCLE_AGENT_TEST_GPU_RESET_LOG="+resetLog)
-	if noSession {
-		c.extraEnv = append(c.extraEnv, "LIFECYCLE_AGENT_TEST_NO_GPU_SESSION=1")
+	c.extraEnv = append(c.extraEnv, extraEnv...)
+	return c, resetLog
+}
+
+func resetLines(uuids []string, session string) []string {
+	var out []string
+	for _, u := range uuids {
+		out = append(out, fmt.Sprintf("reset %s session=%s eventsets=0", u, session))
 	}
+	return out
+}
+
+func runGPUWiringCase(t *testing.T, node, method, gpus string, noSession bool, want []string, fail *regexp.Regexp) {
+	ctx := context.Background()
+	admin := env.AdminConfig()
+	var extra []string
+	if noSession {
+		extra = append(extra, "LIFECYCLE_AGENT_TEST_NO_GPU_SESSION=1")
+	}
+	c, resetLog := gpuWiringCase(t, node, method, extra...)
 	lc, err := apiclient.NewLifecycleClients(admin)
 	if err != nil {
 		t.Fatal(err)

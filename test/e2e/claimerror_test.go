@@ -103,22 +103,10 @@ func TestAdoptsBeforeClaimingAnother(t *testing.T) {
 	lc := clients(t, env.AdminConfig())
 	ctx := context.Background()
 	older, mine := node+"-x", node+"-y"
-	a1 := startAgent(t, node, agentOpts{retention: time.Hour, dir: dir, extra: []drivers.Driver{newGateDriver("two", false, "hold")}})
-	waitFor(t, "the transition", 30*time.Second, func() bool {
-		_, err := lc.Transitions.Get(ctx, transitionName(node, "two"), metav1.GetOptions{})
-		return err == nil
+	claimHeldThenJournalLost(t, node, dir, mine, func() {
+		// Its transition is published only by the next agent: it waits.
+		createEvent(t, older, node, transitionName(node, "three"), nil, nil)
 	})
-	// Its transition is published only by the next agent: it waits.
-	createEvent(t, older, node, transitionName(node, "three"), nil, nil)
-	createEvent(t, mine, node, transitionName(node, "two"), nil, nil)
-	waitFor(t, "the second event claimed and held at its step", 30*time.Second, func() bool {
-		ev, err := lc.Events.Get(ctx, mine, metav1.GetOptions{})
-		return err == nil && ev.Status.CurrentStep == "hold"
-	})
-	a1.stop(t)
-	if err := os.Remove(filepath.Join(dir, "journal.db")); err != nil {
-		t.Fatal(err)
-	}
 	g2, g3 := newGateDriver("two", false, "hold"), newGateDriver("three", false, "step3")
 	startAgent(t, node, agentOpts{retention: time.Hour, dir: dir, extra: []drivers.Driver{g2, g3}})
 	waitFor(t, "the older event's transition", 30*time.Second, func() bool {
@@ -149,23 +137,8 @@ func TestAdoptsAnEventWhoseDriverIsGone(t *testing.T) {
 	node := "adopt-gone"
 	newNode(t, node)
 	dir := t.TempDir()
-	lc := clients(t, env.AdminConfig())
-	ctx := context.Background()
 	mine, next := node+"-y", node+"-z"
-	a1 := startAgent(t, node, agentOpts{retention: time.Hour, dir: dir, extra: []drivers.Driver{newGateDriver("two", false, "hold")}})
-	waitFor(t, "the transition", 30*time.Second, func() bool {
-		_, err := lc.Transitions.Get(ctx, transitionName(node, "two"), metav1.GetOptions{})
-		return err == nil
-	})
-	createEvent(t, mine, node, transitionName(node, "two"), nil, nil)
-	waitFor(t, "the event claimed and held at its step", 30*time.Second, func() bool {
-		ev, err := lc.Events.Get(ctx, mine, metav1.GetOptions{})
-		return err == nil && ev.Status.CurrentStep == "hold"
-	})
-	a1.stop(t)
-	if err := os.Remove(filepath.Join(dir, "journal.db")); err != nil {
-		t.Fatal(err)
-	}
+	claimHeldThenJournalLost(t, node, dir, mine, func() {})
 	createEvent(t, next, node, transitionName(node, "three"), nil, nil)
 	g3 := newGateDriver("three", false, "step3")
 	g3.open("step3")
@@ -176,5 +149,31 @@ func TestAdoptsAnEventWhoseDriverIsGone(t *testing.T) {
 	}
 	if ev := waitEvent(t, next, 60*time.Second); ev.Status.ClaimStatus != v1alpha1.LifecycleEventSucceeded {
 		t.Fatalf("event %s ended %s: %s", next, ev.Status.ClaimStatus, ev.Status.Message)
+	}
+}
+
+// claimHeldThenJournalLost has an agent for node (journal in dir, the gate
+// driver "two") claim event name and hold at its step, then stops it and
+// removes its journal (lost, or moved aside as corrupt): the event stays
+// Claimed by that agent's identity, which the next agent on dir keeps.
+// before runs once the transition is published, before the event exists.
+func claimHeldThenJournalLost(t *testing.T, node, dir, name string, before func()) {
+	t.Helper()
+	lc := clients(t, env.AdminConfig())
+	ctx := context.Background()
+	a := startAgent(t, node, agentOpts{retention: time.Hour, dir: dir, extra: []drivers.Driver{newGateDriver("two", false, "hold")}})
+	waitFor(t, "the transition", 30*time.Second, func() bool {
+		_, err := lc.Transitions.Get(ctx, transitionName(node, "two"), metav1.GetOptions{})
+		return err == nil
+	})
+	before()
+	createEvent(t, name, node, transitionName(node, "two"), nil, nil)
+	waitFor(t, "the event claimed and held at its step", 30*time.Second, func() bool {
+		ev, err := lc.Events.Get(ctx, name, metav1.GetOptions{})
+		return err == nil && ev.Status.CurrentStep == "hold"
+	})
+	a.stop(t)
+	if err := os.Remove(filepath.Join(dir, "journal.db")); err != nil {
+		t.Fatal(err)
 	}
 }
