@@ -201,7 +201,10 @@ VM_TEST_TIMEOUT ?= 60m
 # test passed (test/crash 6m31s, test/e2e 11m25s, TestRealNode 7m51s;
 # bench-ci claim p50 17.0, p99 26.3 ms); at 0a99e85: 33m29s, 49.7
 # CPU-minutes, every test passed (test/crash 8m14s, test/e2e 10m40s,
-# TestRealNode 7m59s; bench-ci claim p50 14.9, p99 35.4 ms).
+# TestRealNode 7m59s; bench-ci claim p50 14.9, p99 35.4 ms); at 056581d:
+# 33m20s, 49.0 CPU-minutes, every test passed (test/crash 6m46s,
+# test/e2e 12m11s, TestRealNode 7m33s; bench-ci claim p50 14.7, p99 33.7
+# ms).
 # VM_TESTS narrows it (a go test -run pattern) when working on one scenario.
 VM_TESTS ?= .
 
