@@ -240,17 +240,28 @@ func (c *Client) slotEventEnded(ctx context.Context, l *v1alpha1.LifecycleLease)
 	if name == "" {
 		return true
 	}
-	ev, err := c.LC.Events.Get(ctx, name, metav1.GetOptions{})
-	if apierrors.IsNotFound(err) {
-		return true
-	}
+	ev, err := c.LeaseEvent(ctx, name, l.Annotations[AnnotationLeaseEventUID])
 	if err != nil {
 		return false // fail closed: cannot tell, so the slot stays taken
 	}
-	if uid := l.Annotations[AnnotationLeaseEventUID]; uid != "" && string(ev.UID) != uid {
-		return true // a new event with the old name
+	return ev == nil || ev.Status.ClaimStatus.Finished()
+}
+
+// LeaseEvent reads the event a Lease was taken for, by its name and (when
+// not empty) UID: nil when it is gone — not found, or the name is another
+// event's now.
+func (c *Client) LeaseEvent(ctx context.Context, name, uid string) (*v1alpha1.LifecycleEvent, error) {
+	ev, err := c.LC.Events.Get(ctx, name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil, nil
 	}
-	return ev.Status.ClaimStatus.Finished()
+	if err != nil {
+		return nil, err
+	}
+	if uid != "" && string(ev.UID) != uid {
+		return nil, nil // a new event with the old name
+	}
+	return ev, nil
 }
 
 // acquireSlot takes slot lease name unless it is held for an unfinished

@@ -311,16 +311,7 @@ func (e *Engine) Run(ctx context.Context) error {
 			e.retryLeftoverUndo(ctx)
 			if w.Synced() {
 				e.releaseOrphans(ctx)
-				if e.leaseSweep && !e.cfg.Clock.Now().Before(e.sweepAfter) {
-					if err := e.releaseStaleLeases(ctx); err != nil {
-						// Not every round: an API server that refuses gets
-						// one try a minute.
-						e.sweepAfter = e.cfg.Clock.Now().Add(time.Minute)
-						e.log.Info("releasing Leases held for events gone or ended failed; will retry in a minute", "err", err)
-					} else {
-						e.leaseSweep = false
-					}
-				}
+				e.sweepLeases(ctx)
 			}
 			e.publishRequests(ctx)
 		}

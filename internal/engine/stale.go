@@ -3,11 +3,25 @@ package engine
 import (
 	"context"
 	"slices"
-
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"time"
 
 	"github.com/lifecycle-agent/lifecycle-agent/api/v1alpha1"
 )
+
+// sweepLeases runs releaseStaleLeases when one is due (e.leaseSweep), and
+// after a failed one not before a minute has passed: an API server that
+// refuses gets one try a minute, not one every round.
+func (e *Engine) sweepLeases(ctx context.Context) {
+	if !e.leaseSweep || e.cfg.Clock.Now().Before(e.sweepAfter) {
+		return
+	}
+	if err := e.releaseStaleLeases(ctx); err != nil {
+		e.sweepAfter = e.cfg.Clock.Now().Add(time.Minute)
+		e.log.Info("releasing Leases held for events gone or ended failed; will retry in a minute", "err", err)
+		return
+	}
+	e.leaseSweep = false
+}
 
 // releaseStaleLeases gives back the Leases this agent holds — the node's
 // and disruption slots — for an event that is neither running here nor in
@@ -45,15 +59,11 @@ func (e *Engine) releaseStaleLeases(ctx context.Context) error {
 		if l.Event == "" || l.EventUID == "" || journaled[l.EventUID] {
 			continue
 		}
-		ev, err := e.cfg.API.GetEvent(ctx, l.Event)
-		switch {
-		case apierrors.IsNotFound(err):
-		case err != nil:
+		ev, err := e.cfg.API.LeaseEvent(ctx, l.Event, l.EventUID)
+		if err != nil {
 			return err
-		case string(ev.UID) != l.EventUID:
-			// The name is another event's now: ours is gone.
-		case ev.Status.ClaimStatus.Finished() && !slices.Contains(ev.Finalizers, v1alpha1.Finalizer):
-		default:
+		}
+		if ev != nil && !(ev.Status.ClaimStatus.Finished() && !slices.Contains(ev.Finalizers, v1alpha1.Finalizer)) {
 			continue // it exists and has not ended
 		}
 		if l.Node {

@@ -29,10 +29,7 @@ func (j *Journal) PutEvent(rec EventRecord, push ...OutboxEntry) error {
 	}
 	steps, owned := slices.Clone(rec.Steps), slices.Clone(rec.Owned)
 	for i := range steps {
-		steps[i].V = RecordVersion
-		if steps[i].At.IsZero() {
-			steps[i].At = j.clock.Now()
-		}
+		j.stampStep(&steps[i])
 	}
 	for i := range owned {
 		j.stampOwned(&owned[i])
@@ -130,10 +127,7 @@ func (j *Journal) Events() ([]EventRecord, error) {
 // when AppendStep returns: write PhaseIntent before acting and PhaseDone
 // after.
 func (j *Journal) AppendStep(uid string, rec StepRecord) (uint64, error) {
-	rec.V = RecordVersion
-	if rec.At.IsZero() {
-		rec.At = j.clock.Now()
-	}
+	j.stampStep(&rec)
 	var seq uint64
 	err := j.update(func(tx *bolt.Tx) error {
 		if tx.Bucket(bucketEvents).Get([]byte(uid)) == nil {
@@ -162,6 +156,14 @@ func (j *Journal) AppendStep(uid string, rec StepRecord) (uint64, error) {
 		// gofail: var journalAfterStepDoneCommit struct{}
 	}
 	return seq, nil
+}
+
+// stampStep sets rec's version, and its time when zero.
+func (j *Journal) stampStep(rec *StepRecord) {
+	rec.V = RecordVersion
+	if rec.At.IsZero() {
+		rec.At = j.clock.Now()
+	}
 }
 
 func appendStep(tx *bolt.Tx, uid string, rec StepRecord) (uint64, error) {
