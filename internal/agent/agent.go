@@ -253,7 +253,8 @@ func Run(ctx context.Context, o Options) error {
 		},
 		UnfilteredWatch: o.UnfilteredWatch,
 		Windows:         cfg.Maintenance.Windows, Gates: gates,
-		Notices: wakeNotifier,
+		Notices:        wakeNotifier,
+		ShutdownReturn: rebootConfigOf(cfg, api, clk, gpu != nil).NodeReturn(),
 	})
 	if err != nil {
 		return err

@@ -39,12 +39,18 @@ func readinessOf(cfg *config.Config, api readiness.API, clk clock.Clock, gpu boo
 	return drivers.Readiness{Config: rc, API: api, Clock: clk}
 }
 
+// rebootConfigOf is reboot.* and readiness.* as the reboot and os-upgrade
+// drivers run them, and the boot after a shutdown (engine.Config.ShutdownReturn).
+func rebootConfigOf(cfg *config.Config, api readiness.API, clk clock.Clock, nvml bool) drivers.RebootConfig {
+	return drivers.RebootConfig{ReadyTimeout: cfg.Reboot.ReadyTimeout, DrainRetryDelay: cfg.Drain.EvictRetryDelay, DrainTimeout: cfg.Drain.Timeout, Clock: clk,
+		Readiness: readinessOf(cfg, api, clk, nvml)}
+}
+
 // builtinDrivers returns the drivers the configuration enables, plus one
 // per exec driver of the local config. The shutdown driver is not among
 // them: logind starts it, nothing claims it (see engine.PrepareShutdown).
 func builtinDrivers(cfg *config.Config, log *slog.Logger, clk clock.Clock, nvml bool, api readiness.API) []drivers.Driver {
-	rc := drivers.RebootConfig{ReadyTimeout: cfg.Reboot.ReadyTimeout, DrainRetryDelay: cfg.Drain.EvictRetryDelay, DrainTimeout: cfg.Drain.Timeout, Clock: clk,
-		Readiness: readinessOf(cfg, api, clk, nvml)}
+	rc := rebootConfigOf(cfg, api, clk, nvml)
 	all := []drivers.Driver{
 		drivers.Drain{RetryDelay: cfg.Drain.EvictRetryDelay, Timeout: cfg.Drain.Timeout},
 		drivers.Uncordon{},

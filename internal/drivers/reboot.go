@@ -325,3 +325,33 @@ func uncordonOursStep() Step {
 		return rt.Disown(ch)
 	}}
 }
+
+// NodeReturn is what a node that went down without an event of its own (a
+// shutdown logind announced, DESIGN §3 "Ready means ready") waits for at
+// its next boot before the uncordon that gives it back: the same waits as
+// a reboot's, wait-ready then wait-workloads-ready, against a snapshot
+// taken when the shutdown began. The engine runs it (engine.closeOutShutdowns).
+type NodeReturn struct {
+	// Snapshot reads what the node has now, for the Steps to require
+	// again: the parameters to journal with the shutdown (ResolvedReadiness;
+	// none when the Node or its pods cannot be read).
+	Snapshot func(ctx context.Context, log func(msg string, args ...any)) map[string]string
+	// Steps run in order: wait-ready (reboot.readyTimeout), then
+	// wait-workloads-ready (readiness.*).
+	Steps []Step
+	// KeepCordoned: a step that fails leaves the node cordoned
+	// (readiness.onTimeout: keepCordoned), as a reboot's readiness timeout does.
+	KeepCordoned bool
+}
+
+// NodeReturn is the reboot driver's waits for a node back from a shutdown.
+func (c RebootConfig) NodeReturn() NodeReturn {
+	return NodeReturn{
+		Snapshot: func(ctx context.Context, log func(msg string, args ...any)) map[string]string {
+			p, _ := c.Readiness.resolve(ctx, nil, log) // no parameters: nothing to refuse
+			return p
+		},
+		Steps:        []Step{c.readyStep(), c.Readiness.step()},
+		KeepCordoned: !c.Readiness.Config.Uncordon,
+	}
+}

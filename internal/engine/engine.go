@@ -63,6 +63,11 @@ type Config struct {
 	// measure what the server-side filter saves; candidates() still keeps
 	// this node's events only.
 	UnfilteredWatch bool
+	// ShutdownReturn is what the boot after a shutdown waits for before
+	// the uncordon that gives the node back (shutdown_return.go): the
+	// reboot driver's wait-ready and wait-workloads-ready. Zero: nothing,
+	// the node is uncordoned as soon as the API server answers.
+	ShutdownReturn drivers.NodeReturn
 }
 
 // watchDegraded is how long after a failure of the event watch the engine

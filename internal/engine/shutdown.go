@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 
@@ -10,6 +11,7 @@ import (
 
 	"github.com/lifecycle-agent/lifecycle-agent/api/v1alpha1"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/apiclient"
+	"github.com/lifecycle-agent/lifecycle-agent/internal/drivers"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/journal"
 )
 
@@ -83,6 +85,14 @@ func (e *Engine) PrepareShutdown(ctx context.Context) error {
 	}
 	e.mu.Unlock()
 	e.setState(stateShuttingDown, "event", name)
+	// What the node has now, for its next boot to require before it is
+	// given back (shutdown_return.go): read beside the conditions and the
+	// cordon, journaled before the lock is released.
+	var snap chan map[string]string
+	if e.cfg.ShutdownReturn.Snapshot != nil {
+		snap = make(chan map[string]string, 1)
+		go func() { snap <- e.cfg.ShutdownReturn.Snapshot(ctx, e.log.Warn) }()
+	}
 	msg := transitionMsg("shutdown", name) + ": the node is shutting down"
 	conds := e.shutdownConditions(shutdownStart, corev1.ConditionTrue, corev1.ConditionTrue, msg, attrs["during"] != "")
 	raw, _ := json.Marshal(nodePayload{Conditions: conds})
@@ -99,6 +109,20 @@ func (e *Engine) PrepareShutdown(ctx context.Context) error {
 		e.log.Warn("shutdown: cordon failed; the journal keeps the intent", "event", name, "err", err)
 	case !ours:
 		_ = e.cfg.Journal.RemoveOwned(journal.Change{Kind: journal.ChangeCordon, Node: e.cfg.Node, Name: shutdownOwner}.Key())
+	}
+	if snap != nil {
+		select {
+		case p := <-snap:
+			if v, ok := p[drivers.ResolvedReadiness]; ok {
+				attrs[drivers.ResolvedReadiness] = v
+				if err := e.cfg.Journal.PutEvent(journal.EventRecord{UID: uid, Name: name, Driver: ShutdownDriver, State: journal.EventRunning,
+					Attrs: attrs}); err != nil {
+					e.log.Error("shutdown: journaling what the node has failed; its next boot compares against nothing", "event", name, "err", err)
+				}
+			}
+		case <-ctx.Done():
+			e.log.Warn("shutdown: what the node has was not read within the shutdown budget; its next boot compares against nothing", "event", name)
+		}
 	}
 	e.log.Info("shutdown prepared", "event", name, "cordoned", err == nil && ours)
 	return nil
@@ -146,10 +170,29 @@ func (e *Engine) closeOutShutdowns(ctx context.Context) {
 			// during it). Keep it until logind says otherwise.
 			continue
 		}
-		msg := transitionMsg("shutdown", r.Name) + ": node restarted after a shutdown; kept cordoned until lifecycle-agent closes it out"
-		_ = e.cfg.API.SetNodeConditions(ctx, e.cfg.Clock.Now(), e.shutdownConditions(shutdownStart, corev1.ConditionTrue, corev1.ConditionFalse, msg, r.Attrs["during"] != "")...)
+		// Through the outbox: it supersedes a ShuttingDown entry still
+		// queued from before the shutdown.
+		e.pushShutdownConditions(r, shutdownStart, corev1.ConditionTrue, returningMsg(r), false)
+		reason, outcome, word := shutdownEnd, journal.OutcomeSucceeded, "shutdown complete; node back"
+		for e.waitsToReturn(r) {
+			err := e.returnAfterShutdown(ctx, r)
+			if ctx.Err() != nil {
+				return
+			}
+			var nb notBack
+			if errors.As(err, &nb) {
+				reason, outcome, word = ReasonNotReadyAfterShutdown, journal.OutcomeFailed, "shutdown complete; the node is not back: "+nb.Error()
+			} else if err != nil {
+				e.log.Error("shutdown: the wait before the uncordon failed; retrying", "event", r.Name, "err", err)
+				if !e.sleep(ctx, 2*time.Second) {
+					return
+				}
+				continue
+			}
+			break
+		}
 		for ctx.Err() == nil {
-			if err := e.closeShutdown(ctx, r, shutdownEnd, journal.OutcomeSucceeded, "shutdown complete; node back"); err == nil {
+			if err := e.closeShutdown(ctx, r, reason, outcome, word); err == nil {
 				break
 			} else {
 				e.log.Warn("closing out the last shutdown failed; retrying", "event", r.Name, "err", err)
@@ -163,19 +206,22 @@ func (e *Engine) closeOutShutdowns(ctx context.Context) {
 
 func (e *Engine) closeShutdown(ctx context.Context, r journal.EventRecord, reason string, outcome journal.Outcome, word string) error {
 	msg := transitionMsg("shutdown", r.Name) + ": " + word
-	owned := false
-	if cs, err := e.cfg.Journal.Owned(); err == nil {
-		for _, c := range cs {
-			if c.Kind == journal.ChangeCordon && c.EventUID == r.UID {
-				owned = true
-			}
+	if e.owns(r.UID, e.shutdownKeptKey()) {
+		// The node was not back in time and readiness.onTimeout keeps
+		// it cordoned: the cordon stays, its annotation naming the
+		// shutdown, and is no longer the agent's to lift.
+		if err := e.cfg.Journal.RemoveOwned(e.shutdownCordonKey()); err != nil {
+			return err
+		}
+		if err := e.cfg.Journal.RemoveOwned(e.shutdownKeptKey()); err != nil {
+			return err
 		}
 	}
-	if owned {
+	if e.owns(r.UID, e.shutdownCordonKey()) {
 		if _, err := e.cfg.API.Uncordon(ctx, shutdownOwner, false); err != nil && !isCordonNotOurs(err) {
 			return err
 		}
-		_ = e.cfg.Journal.RemoveOwned(journal.Change{Kind: journal.ChangeCordon, Node: e.cfg.Node, Name: shutdownOwner}.Key())
+		_ = e.cfg.Journal.RemoveOwned(e.shutdownCordonKey())
 	}
 	conds := e.shutdownConditions(reason, corev1.ConditionFalse, corev1.ConditionFalse, msg, r.Attrs["during"] != "")
 	// Through the outbox too: it supersedes a ShuttingDown entry still queued

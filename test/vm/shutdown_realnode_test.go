@@ -14,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/lifecycle-agent/lifecycle-agent/api/v1alpha1"
+	"github.com/lifecycle-agent/lifecycle-agent/internal/apiclient"
 	"github.com/lifecycle-agent/lifecycle-agent/test/vm"
 )
 
@@ -35,7 +36,8 @@ import (
 // (the kubelet holds its own until its 15 s non-critical group period runs
 // out, although the pods exit 3 s after their SIGTERM); the agent's lock
 // released 0.8-1.0 s after the signal; power on to ShutdownComplete and
-// uncordoned 35-45 s, to the new boot's Ready 40-50 s. docs/shutdown.md
+// uncordoned 35-45 s, to the new boot's Ready 40-50 s (before the wait for
+// the new boot's Ready and the workloads, 2026-12-07). docs/shutdown.md
 // "Observed with a real kubelet" has the order of events.
 
 const (
@@ -312,6 +314,22 @@ func realNodePoweroff(t *testing.T, r *realNode) {
 	readyAfter := time.Since(onStart)
 	if n.Status.NodeInfo.BootID != newBoot || n.Status.NodeInfo.BootID == oldBoot {
 		t.Errorf("Node bootID %s after the power-on; want the new boot %s (old %s)", n.Status.NodeInfo.BootID, newBoot, oldBoot)
+	}
+	// Ready means ready (DESIGN §3): the cordon is lifted only after the
+	// new boot's kubelet reported the Node Ready (before 2026-12-07 the
+	// agent uncordoned 35-45 s after the power-on, the kubelet's Ready came
+	// at 40-50 s).
+	after := r.rec.Since(onStart)
+	readySeen := after.FirstSeen(func(n *corev1.Node) bool {
+		return apiclient.ReadyInBoot(n, newBoot) && n.Status.NodeInfo.BootID == newBoot
+	})
+	uncordonSeen := after.FirstSeen(func(n *corev1.Node) bool { return !vm.Cordoned(n) })
+	if readySeen.IsZero() || uncordonSeen.IsZero() || uncordonSeen.Before(readySeen) {
+		t.Errorf("after the power-on the node was uncordoned at %s, the new boot's Ready seen at %s: want the uncordon after the Ready\n%s",
+			sinceOr(uncordonSeen, onStart), sinceOr(readySeen, onStart), after.Describe())
+	}
+	if lt := vm.NodeCondition(n, v1alpha1.NodeConditionLifecycleTransition); lt == nil || !strings.Contains(lt.Message, "shutdown complete; node back") {
+		t.Errorf("LifecycleTransition after the power-on: %+v, want the shutdown closed out with the node back", lt)
 	}
 	vm.Timings.Record("real kubelet: power on → ShutdownComplete, uncordoned", completeAfter)
 	vm.Timings.Record("real kubelet: power on → Ready in the new boot", readyAfter)

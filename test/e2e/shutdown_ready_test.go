@@ -1,0 +1,198 @@
+package e2e
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/lifecycle-agent/lifecycle-agent/api/v1alpha1"
+	"github.com/lifecycle-agent/lifecycle-agent/internal/config"
+	"github.com/lifecycle-agent/lifecycle-agent/internal/drivers"
+	"github.com/lifecycle-agent/lifecycle-agent/internal/host/logindtest"
+	"github.com/lifecycle-agent/lifecycle-agent/internal/hostops"
+	"github.com/lifecycle-agent/lifecycle-agent/internal/journal"
+	"github.com/lifecycle-agent/lifecycle-agent/internal/readiness"
+)
+
+// shutdownAndPowerOn shuts r's node down through a test logind (the
+// agent's delay lock released), checks what the shutdown journaled of the
+// node (its DaemonSet and 8 GPUs), leaves the node as a power-off leaves
+// it (off, given: the Node NotReady or not, the DaemonSet pod not Ready,
+// the GPUs unregistered) and starts the agent again in a new boot. It
+// returns the agent of the new boot.
+func shutdownAndPowerOn(t *testing.T, r *readinessNode, configure func(*config.Config), off func()) *testAgent {
+	t.Helper()
+	srv := logindtest.Start(t, logindtest.Options{InhibitDelayMax: 30 * time.Second})
+	a := startAgent(t, r.node, agentOpts{retention: time.Hour, logind: srv.Address(), configure: configure})
+	announce(t, srv, waitDelayLock(t, srv))
+	a.stop(t)
+	doc := exportJournal(t, a.Journal)
+	if len(doc.Events) != 1 || doc.Events[0].Driver != "lifecycle-agent.x-k8s.io/shutdown" {
+		t.Fatalf("journal should hold the shutdown under way: %+v", doc.Events)
+	}
+	snap, err := readiness.Decode(doc.Events[0].Attrs[drivers.ResolvedReadiness])
+	if err != nil || snap.Allocatable["nvidia.com/gpu"] != 8 || !slices.Contains(snap.DaemonSets, r.ns+"/device-plugin") {
+		t.Fatalf("what the shutdown journaled of the node: %+v (%v), want 8 GPUs and the DaemonSet %s/device-plugin", snap, err, r.ns)
+	}
+	off()
+	if err := os.WriteFile(filepath.Join(a.dir, hostops.SimulatedBootIDFile), []byte("5f2c1d7e-0a4b-4c3d-8e9f-1a2b3c4d5e6f\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	srv2 := logindtest.Start(t, logindtest.Options{InhibitDelayMax: 30 * time.Second})
+	return startAgent(t, r.node, agentOpts{retention: time.Hour, logind: srv2.Address(), dir: a.dir, configure: configure})
+}
+
+// waitShutdownCondition waits (a minute) until LifecycleTransition has
+// status and reason and its message holds every one of want.
+func waitShutdownCondition(t *testing.T, node string, status corev1.ConditionStatus, reason string, want ...string) (*corev1.NodeCondition, *corev1.Node) {
+	t.Helper()
+	var lt *corev1.NodeCondition
+	var n *corev1.Node
+	waitFor(t, "LifecycleTransition "+string(status)+"/"+reason+" naming "+strings.Join(want, ", "), time.Minute, func() bool {
+		lt, _, n = shutdownConds(t, node)
+		return lt != nil && lt.Status == status && lt.Reason == reason &&
+			!slices.ContainsFunc(want, func(w string) bool { return !strings.Contains(lt.Message, w) })
+	})
+	return lt, n
+}
+
+// DESIGN §3, "Ready means ready", for the shutdown's next-boot uncordon:
+// the node comes back from a power-off with its kubelet not Ready yet, then
+// Ready with its DaemonSet pod not Ready and its GPUs not registered. The
+// agent keeps it cordoned, LifecycleTransition naming what it waits for,
+// across a restart of its own during the wait (which resumes what is left
+// of readiness.timeout), and gives it back only once the kubelet, the
+// DaemonSet and the GPUs are back. Before, the next boot uncordoned as soon
+// as the API server answered: in the VM, before the new kubelet was Ready.
+func TestShutdownNextBootWaitsUntilReady(t *testing.T) {
+	node := "shutdown-ready-node"
+	r := newReadinessNode(t, node)
+	rec := recordConditions(t, node)
+	a := shutdownAndPowerOn(t, r, nil, func() {
+		r.setReady(false)
+		r.setPodReady(false)
+		r.setGPUs(0)
+	})
+	_, n := waitShutdownCondition(t, node, corev1.ConditionTrue, "ShuttingDown", "node restarted after a shutdown", "for the kubelet to report the node Ready in this boot")
+	if !n.Spec.Unschedulable || n.Annotations[v1alpha1.AnnotationCordonedBy] != "shutdown" {
+		t.Fatalf("uncordoned before the kubelet reported the node Ready: unschedulable=%v %v", n.Spec.Unschedulable, n.Annotations)
+	}
+	r.setReady(true)
+	missing := []string{"DaemonSet " + node + "/device-plugin has no Ready pod on the node", "allocatable nvidia.com/gpu is 0 of 8"}
+	_, n = waitShutdownCondition(t, node, corev1.ConditionTrue, "ShuttingDown", missing...)
+	if !n.Spec.Unschedulable {
+		t.Fatal("uncordoned while the DaemonSet pod and the GPUs were not back")
+	}
+
+	// A restart during the wait (same boot) resumes it.
+	a.stop(t)
+	srv3 := logindtest.Start(t, logindtest.Options{InhibitDelayMax: 30 * time.Second})
+	a = startAgent(t, node, agentOpts{retention: time.Hour, logind: srv3.Address(), dir: a.dir})
+	waitFor(t, "the resumed wait in the agent's log", 30*time.Second, func() bool {
+		return strings.Contains(a.logBuf.String(), "resumed after a restart")
+	})
+	if !getNode(t, node).Spec.Unschedulable {
+		t.Fatal("uncordoned after a restart during the wait")
+	}
+
+	r.setPodReady(true)
+	r.setGPUs(8)
+	_, n = waitShutdownCondition(t, node, corev1.ConditionFalse, "ShutdownComplete", "shutdown complete; node back")
+	waitFor(t, "the node uncordoned", 30*time.Second, func() bool {
+		n = getNode(t, node)
+		return !n.Spec.Unschedulable
+	})
+	if _, ok := n.Annotations[v1alpha1.AnnotationCordonedBy]; ok {
+		t.Errorf("the cordon's annotation is left: %v", n.Annotations)
+	}
+	rec.Expect(t, 0, []string{
+		cLT + "=True/ShuttingDown", cGNS + "=True/NodeShutdown",
+		cGNS + "=False/NodeStarted", cLT + "=False/ShutdownComplete",
+	}, cDIP, cDrained, cMIP, cPlanned)
+	a.stop(t)
+	doc := exportJournal(t, a.Journal)
+	h := shutdownHistory(t, doc)
+	if h.Outcome != journal.OutcomeSucceeded || !strings.Contains(stepsOf(h), "wait-ready=Done") || !strings.Contains(stepsOf(h), "wait-workloads-ready=Done") {
+		t.Errorf("the shutdown's history: %s %q steps %s", h.Outcome, h.Message, stepsOf(h))
+	}
+	if len(doc.Owned) != 0 || len(doc.Events) != 0 {
+		t.Errorf("journal after the close-out: owned %+v, events %+v", doc.Owned, doc.Events)
+	}
+}
+
+// The GPUs never come back after the power-on: the shutdown is closed out
+// Failed (LifecycleTransition=False, reason NotReadyAfterShutdown, naming
+// them) at readiness.timeout, the node cordoned by default and given back
+// with readiness.onTimeout uncordon; the journal keeps nothing owned.
+func TestShutdownNextBootNotReady(t *testing.T) {
+	for _, tc := range []struct {
+		name, onTimeout string
+		cordoned        bool
+	}{
+		{name: "keepCordoned", onTimeout: config.ReadinessKeepCordoned, cordoned: true},
+		{name: "uncordon", onTimeout: config.ReadinessUncordon, cordoned: false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			node := "shutdown-notready-" + strings.ToLower(tc.name)
+			r := newReadinessNode(t, node)
+			configure := func(c *config.Config) {
+				c.Readiness.Timeout = 3 * time.Second
+				c.Readiness.OnTimeout = tc.onTimeout
+			}
+			a := shutdownAndPowerOn(t, r, configure, func() { r.setGPUs(0) })
+			lt, _ := waitShutdownCondition(t, node, corev1.ConditionFalse, "NotReadyAfterShutdown",
+				"not ready within 3s (readiness.timeout): allocatable nvidia.com/gpu is 0 of 8")
+			var n *corev1.Node
+			waitFor(t, "the node's cordon as readiness.onTimeout says", 30*time.Second, func() bool {
+				n = getNode(t, node)
+				return n.Spec.Unschedulable == tc.cordoned
+			})
+			if tc.cordoned && (n.Annotations[v1alpha1.AnnotationCordonedBy] != "shutdown" || !strings.Contains(lt.Message, "stays cordoned")) {
+				t.Errorf("kept cordoned: annotation %q, message %q; want the shutdown's and the message saying so", n.Annotations[v1alpha1.AnnotationCordonedBy], lt.Message)
+			}
+			a.stop(t)
+			doc := exportJournal(t, a.Journal)
+			if h := shutdownHistory(t, doc); h.Outcome != journal.OutcomeFailed || !strings.Contains(h.Message, "allocatable nvidia.com/gpu is 0 of 8") {
+				t.Errorf("the shutdown's history: %s %q", h.Outcome, h.Message)
+			}
+			if len(doc.Owned) != 0 || len(doc.Events) != 0 {
+				t.Errorf("journal after the close-out: owned %+v, events %+v", doc.Owned, doc.Events)
+			}
+		})
+	}
+}
+
+// shutdownHistory is the shutdown's record in the journal's history.
+func shutdownHistory(t *testing.T, doc journal.ExportDoc) journal.HistoryRecord {
+	t.Helper()
+	for _, h := range doc.History {
+		if h.Event.Driver == "lifecycle-agent.x-k8s.io/shutdown" {
+			return h
+		}
+	}
+	t.Fatalf("no shutdown in the journal's history: %+v", doc.History)
+	return journal.HistoryRecord{}
+}
+
+// stepsOf is a history record's steps as "name=State,…", the last record
+// of each.
+func stepsOf(h journal.HistoryRecord) string {
+	var names []string
+	last := map[string]string{}
+	for _, s := range h.Steps {
+		if _, ok := last[s.Step]; !ok {
+			names = append(names, s.Step)
+		}
+		last[s.Step] = s.State.String()
+	}
+	var out []string
+	for _, n := range names {
+		out = append(out, n+"="+last[n])
+	}
+	return strings.Join(out, ",")
+}
