@@ -841,7 +841,10 @@ func (e *Engine) rebuiltCordon(ctx context.Context, a *active) ([]journal.Change
 // with the adoption's snapshot, so that no step is repeated without proof:
 // a step the status says is Done is recorded done; a step it says is
 // Running gets an intent with the boot ID of the claim, so the step's Done
-// check decides on replay (a reboot is done when the boot ID changed).
+// check decides on replay (a reboot is done when the boot ID changed); a
+// step it says Failed is recorded failed, so the failure stands and goes
+// to the abort (run again, an upgrade whose outcome could not be told
+// would run twice); a Skipped one is recorded skipped.
 func (e *Engine) rebuiltSteps(a *active) []journal.StepRecord {
 	boot := ""
 	if a.status.Holder != nil {
@@ -849,7 +852,16 @@ func (e *Engine) rebuiltSteps(a *active) []journal.StepRecord {
 	}
 	var out []journal.StepRecord
 	for _, st := range a.status.Steps {
-		if st.State != v1alpha1.StepDone && st.State != v1alpha1.StepRunning {
+		var end journal.StepState // the PhaseDone record's state; 0: none
+		switch st.State {
+		case v1alpha1.StepRunning:
+		case v1alpha1.StepDone:
+			end = journal.StepDone
+		case v1alpha1.StepFailed:
+			end = journal.StepFailed
+		case v1alpha1.StepSkipped:
+			end = journal.StepSkipped
+		default:
 			continue
 		}
 		attempt := int(st.Attempt)
@@ -865,9 +877,18 @@ func (e *Engine) rebuiltSteps(a *active) []journal.StepRecord {
 		}
 		out = append(out, journal.StepRecord{Step: st.Name, Phase: journal.PhaseIntent, At: at,
 			State: journal.StepRunning, Attempt: attempt, BootID: boot, Message: "rebuilt from the event's status"})
-		if st.State == v1alpha1.StepDone {
+		switch end {
+		case journal.StepDone, journal.StepSkipped:
 			out = append(out, journal.StepRecord{Step: st.Name, Phase: journal.PhaseDone,
-				State: journal.StepDone, Attempt: attempt, BootID: boot, Message: "rebuilt from the event's status"})
+				State: end, Attempt: attempt, BootID: boot, Message: "rebuilt from the event's status"})
+		case journal.StepFailed:
+			// Its message is the failure's: the abort and the end say it.
+			msg := st.Message
+			if msg == "" {
+				msg = "step " + st.Name + " failed (rebuilt from the event's status)"
+			}
+			out = append(out, journal.StepRecord{Step: st.Name, Phase: journal.PhaseDone,
+				State: end, Attempt: attempt, BootID: boot, Message: msg})
 		}
 	}
 	return out

@@ -1,6 +1,8 @@
 // Package readiness decides whether a node given back after a disruptive
-// event (a reboot, an OS upgrade, a GPU reset with a drain) can take its
-// work back: the checks that run before the uncordon ("Ready means ready",
+// event (a reboot, an OS upgrade, a GPU reset with a drain) or after a
+// shutdown (its next boot, internal/engine shutdown_return.go: the
+// snapshot is taken when logind announces the shutdown) can take its work
+// back: the checks that run before the uncordon ("Ready means ready",
 // DESIGN.md).
 //
 // At claim the agent takes a Snapshot of what the node had: the count of

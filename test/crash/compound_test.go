@@ -396,6 +396,59 @@ func TestCrashAfterStepFailed(t *testing.T) {
 	}
 }
 
+// The same os-upgrade, its verify step failing, but the agent is killed
+// during the abort, after the API server got the event's status with verify
+// Failed while the event is still Claimed, and its journal is lost (moved
+// aside as corrupt, a re-imaged disk). The agent adopts the event it
+// claimed and rebuilds its steps from that status: the failure must stand
+// and go to the abort, not run verify again (the rebuild took only Done and
+// Running steps, so a Failed one ran anew: for an upgrade whose outcome
+// could not be told, a second upgrade). An abort's progress carries such a
+// status (gpu-reset's, restarting the GPU services after a failed reset);
+// here the admin writes it while a failpoint holds the abort, so the state
+// is there every run.
+func TestCrashDuringAbortOfFailedStepJournalLost(t *testing.T) {
+	a2 := failedUpgradeDown(t, "compound-failed-lost", "engineDuringAbort=sleep(20000)", func(c *crashCase, lc *apiclient.LifecycleClients, a1 *agentProc) {
+		ctx := context.Background()
+		waitFor(t, "verify run and the abort held", 90*time.Second, a1, func() bool {
+			return strings.Contains(a1.logText(), "step verify\" event=") && strings.Contains(a1.logText(), "step=verify")
+		})
+		time.Sleep(2 * time.Second) // verify fails at once; the abort is held 20 s
+		err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+			ev, err := lc.Events.Get(ctx, c.event, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			if ev.Status.ClaimStatus != v1alpha1.LifecycleEventClaimed {
+				t.Fatalf("the event is %s already; want it Claimed, its abort held", ev.Status.ClaimStatus)
+			}
+			for i := range ev.Status.Steps {
+				st := &ev.Status.Steps[i]
+				if st.Name == "verify" {
+					st.State, st.Message = v1alpha1.StepFailed, "the upgrade did not reach its target: VERSION_ID is not 999 (the status the abort's progress carried)"
+					break
+				}
+				st.State = v1alpha1.StepDone
+			}
+			_, err = lc.Events.UpdateStatus(ctx, ev, metav1.UpdateOptions{})
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		a1.kill()
+		if err := os.Remove(c.journal()); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if l := a2.logText(); !strings.Contains(l, "resumed after a failed step") {
+		t.Errorf("the adopting agent did not take the failure as it stands:\n%s", tail(a2.log, 30))
+	}
+	if err := a2.stop(20 * time.Second); err != nil {
+		t.Error(err)
+	}
+}
+
 // crashInFailedUpgrade runs an os-upgrade whose verify step fails, the
 // agent dying at failpoint on the way to its end, and restarts it: the
 // event must end Failed with verify's message, verify run once, one reboot
@@ -403,12 +456,29 @@ func TestCrashAfterStepFailed(t *testing.T) {
 // does). It returns the restarted agent.
 func crashInFailedUpgrade(t *testing.T, node, failpoint string) *agentProc {
 	t.Helper()
+	return failedUpgradeDown(t, node, failpoint+`=1*panic("crash at `+failpoint+`")`, func(_ *crashCase, _ *apiclient.LifecycleClients, a1 *agentProc) {
+		select {
+		case <-a1.done:
+		case <-time.After(90 * time.Second):
+			t.Fatalf("the agent did not reach %s within 90s", failpoint)
+		}
+		if !strings.Contains(a1.logText(), "panic: failpoint panic: crash at "+failpoint) {
+			t.Fatalf("the agent died, but not at %s: %s", failpoint, a1.exit())
+		}
+	})
+}
+
+// failedUpgradeDown is crashInFailedUpgrade's run: the first agent runs
+// with the failpoint term given and down ends it (and does what else the
+// case needs while it is down) before the second starts.
+func failedUpgradeDown(t *testing.T, node, term string, down func(c *crashCase, lc *apiclient.LifecycleClients, a1 *agentProc)) *agentProc {
+	t.Helper()
 	c, lc, cs, _ := compoundCase(t, node, false)
 	ctx := context.Background()
 	if err := os.WriteFile(c.config(), []byte(chaosConfig), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	a1 := c.start(t, failpoint+`=1*panic("crash at `+failpoint+`")`)
+	a1 := c.start(t, term)
 	waitFor(t, "transition published", 60*time.Second, a1, func() bool {
 		_, err := lc.Transitions.Get(ctx, c.node+"-os-upgrade", metav1.GetOptions{})
 		return err == nil
@@ -419,14 +489,7 @@ func crashInFailedUpgrade(t *testing.T, node, failpoint string) *agentProc {
 	if _, err := lc.Events.Create(ctx, ev, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case <-a1.done:
-	case <-time.After(90 * time.Second):
-		t.Fatalf("the agent did not reach %s within 90s", failpoint)
-	}
-	if !strings.Contains(a1.logText(), "panic: failpoint panic: crash at "+failpoint) {
-		t.Fatalf("the agent died, but not at %s: %s", failpoint, a1.exit())
-	}
+	down(c, lc, a1)
 	a2 := c.start(t, "")
 	var end *v1alpha1.LifecycleEvent
 	waitFor(t, "the event to end", 60*time.Second, a2, func() bool {

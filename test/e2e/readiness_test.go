@@ -218,17 +218,21 @@ func TestReadinessReadyFromAnEarlierBoot(t *testing.T) {
 	}
 }
 
+// onTimeoutCases are readiness.onTimeout's values and whether each leaves
+// the node cordoned after a readiness timeout.
+var onTimeoutCases = []struct {
+	name, onTimeout string
+	cordoned        bool
+}{
+	{name: "keepCordoned", onTimeout: config.ReadinessKeepCordoned, cordoned: true},
+	{name: "uncordon", onTimeout: config.ReadinessUncordon, cordoned: false},
+}
+
 // TestReadinessTimeout: the GPUs never come back. The event ends Failed
 // naming them; by default the node stays cordoned (its annotation naming
 // the event), with readiness.onTimeout uncordon it is given back.
 func TestReadinessTimeout(t *testing.T) {
-	for _, tc := range []struct {
-		name, onTimeout string
-		cordoned        bool
-	}{
-		{name: "keepCordoned", onTimeout: config.ReadinessKeepCordoned, cordoned: true},
-		{name: "uncordon", onTimeout: config.ReadinessUncordon, cordoned: false},
-	} {
+	for _, tc := range onTimeoutCases {
 		t.Run(tc.name, func(t *testing.T) {
 			node := "ready-timeout-" + strings.ToLower(tc.name)
 			r := newReadinessNode(t, node)

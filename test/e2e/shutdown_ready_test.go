@@ -130,13 +130,7 @@ func TestShutdownNextBootWaitsUntilReady(t *testing.T) {
 // them) at readiness.timeout, the node cordoned by default and given back
 // with readiness.onTimeout uncordon; the journal keeps nothing owned.
 func TestShutdownNextBootNotReady(t *testing.T) {
-	for _, tc := range []struct {
-		name, onTimeout string
-		cordoned        bool
-	}{
-		{name: "keepCordoned", onTimeout: config.ReadinessKeepCordoned, cordoned: true},
-		{name: "uncordon", onTimeout: config.ReadinessUncordon, cordoned: false},
-	} {
+	for _, tc := range onTimeoutCases {
 		t.Run(tc.name, func(t *testing.T) {
 			node := "shutdown-notready-" + strings.ToLower(tc.name)
 			r := newReadinessNode(t, node)
