@@ -859,6 +859,13 @@ func (e *Engine) rebuiltSteps(a *active) []journal.StepRecord {
 			end = journal.StepDone
 		case v1alpha1.StepFailed:
 			end = journal.StepFailed
+			if st.Name == drivers.StepWaitWorkloads {
+				// A wait, not an act: it looks once more (its deadline
+				// counts from the status's start) and, not ready, fails
+				// again and journals what readiness.onTimeout keeps —
+				// which a failure recorded here would lose.
+				end = 0
+			}
 		case v1alpha1.StepSkipped:
 			end = journal.StepSkipped
 		default:

@@ -130,6 +130,12 @@ type Engine struct {
 	// preShutdown is the state a same-boot shutdown replaced ("shutting
 	// down"): a cancel puts it back.
 	preShutdown string
+	// returning stops the wait of a shutdown's close-out
+	// (returnAfterShutdown) when logind announces another shutdown.
+	returning context.CancelFunc
+	// closeOutAgain: a shutdown cancelled after it cut an earlier one's
+	// close-out short; the loop closes that one out again.
+	closeOutAgain atomic.Bool
 }
 
 // New checks cfg and returns an Engine.
@@ -277,8 +283,10 @@ func (e *Engine) Run(ctx context.Context) error {
 	}
 	e.closeOutShutdowns(ctx)
 	e.publishRequests(ctx)
-	e.leaseSweep = true // a claim cut short by the last stop may have left Leases held
-	e.setState("idle")
+	e.leaseSweep = true                 // a claim cut short by the last stop may have left Leases held
+	if e.State() != stateShuttingDown { // a shutdown announced meanwhile says so
+		e.setState("idle")
+	}
 	// relist: after the API server answers again following failures, the
 	// watch may have missed events (a dead connection is found late, and
 	// the reflector backs off up to 30 s before it lists again): read this
@@ -305,6 +313,10 @@ func (e *Engine) Run(ctx context.Context) error {
 			}
 		}
 		e.republishIfAdded(ctx)
+		if e.closeOutAgain.Swap(false) {
+			e.closeOutShutdowns(ctx) // an earlier shutdown's, cut short by a cancelled one
+			e.swapState(stateReturning, "idle")
+		}
 		if w.Synced() || fresh != nil {
 			if a := e.tryClaim(ctx, fresh); a != nil {
 				e.execute(ctx, a)

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sort"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -75,13 +76,23 @@ func (e *Engine) PrepareShutdown(ctx context.Context) error {
 		State: journal.StepRunning, Attempt: 1, BootID: boot}); err != nil {
 		return fmt.Errorf("engine: journal shutdown intent: %w", err)
 	}
-	// Own the cordon before making it (a crash in between is undone too).
-	if _, err := e.cfg.Journal.AddOwned(journal.Change{Kind: journal.ChangeCordon, Node: e.cfg.Node, Name: shutdownOwner, EventUID: uid, Value: shutdownOwner}); err != nil {
-		return fmt.Errorf("engine: journal shutdown cordon: %w", err)
+	// Own the cordon before making it (a crash in between is undone too) —
+	// unless an earlier shutdown, not closed out yet (its next boot's wait
+	// for the node to be ready), owns it: that one gives the node back,
+	// against what the node had before it.
+	earlier := e.ownedBy(e.shutdownCordonKey())
+	if earlier == "" || earlier == uid {
+		if _, err := e.cfg.Journal.AddOwned(journal.Change{Kind: journal.ChangeCordon, Node: e.cfg.Node, Name: shutdownOwner, EventUID: uid, Value: shutdownOwner}); err != nil {
+			return fmt.Errorf("engine: journal shutdown cordon: %w", err)
+		}
 	}
 	e.mu.Lock()
 	if e.state != stateShuttingDown {
 		e.preShutdown = e.state
+	}
+	if e.returning != nil {
+		e.returning() // the node is going down again: no more waiting for it
+		e.returning = nil
 	}
 	e.mu.Unlock()
 	e.setState(stateShuttingDown, "event", name)
@@ -107,6 +118,8 @@ func (e *Engine) PrepareShutdown(ctx context.Context) error {
 	switch {
 	case err != nil:
 		e.log.Warn("shutdown: cordon failed; the journal keeps the intent", "event", name, "err", err)
+	case !ours && earlier != "" && earlier != uid:
+		// The earlier shutdown's record stays: it is not this one's.
 	case !ours:
 		_ = e.cfg.Journal.RemoveOwned(journal.Change{Kind: journal.ChangeCordon, Node: e.cfg.Node, Name: shutdownOwner}.Key())
 	}
@@ -139,6 +152,10 @@ func (e *Engine) CancelShutdown(ctx context.Context) error {
 	if err := e.closeShutdown(ctx, rec, "ShutdownCancelled", journal.OutcomeCancelled, "the shutdown was cancelled"); err != nil {
 		return err
 	}
+	// An earlier shutdown whose close-out this one cut short (it still
+	// owns the cordon) is closed out again by the engine's loop.
+	e.closeOutAgain.Store(true)
+	poke(e.wake)
 	// The node is back in service: the state says so, unless an event's
 	// step has announced its own since.
 	e.mu.Lock()
@@ -161,6 +178,9 @@ func (e *Engine) closeOutShutdowns(ctx context.Context) {
 		return
 	}
 	boot := e.cfg.Host.BootID()
+	// Oldest first: a shutdown announced while an earlier one's close-out
+	// waited (PrepareShutdown) gives the node back after it.
+	sort.SliceStable(recs, func(i, j int) bool { return recs[i].Updated.Before(recs[j].Updated) })
 	for _, r := range recs {
 		if r.Driver != ShutdownDriver {
 			continue
@@ -175,8 +195,19 @@ func (e *Engine) closeOutShutdowns(ctx context.Context) {
 		e.pushShutdownConditions(r, shutdownStart, corev1.ConditionTrue, returningMsg(r), false)
 		reason, outcome, word := shutdownEnd, journal.OutcomeSucceeded, "shutdown complete; node back"
 		for e.waitsToReturn(r) {
-			err := e.returnAfterShutdown(ctx, r)
-			if ctx.Err() != nil {
+			rctx, stop := context.WithCancel(ctx)
+			e.mu.Lock()
+			e.returning = stop
+			e.mu.Unlock()
+			err := e.returnAfterShutdown(rctx, r)
+			cut := rctx.Err() != nil
+			e.mu.Lock()
+			e.returning = nil
+			e.mu.Unlock()
+			stop()
+			if cut {
+				// Stopping, or another shutdown came: the record stays,
+				// closed out at the next start.
 				return
 			}
 			var nb notBack
@@ -192,6 +223,7 @@ func (e *Engine) closeOutShutdowns(ctx context.Context) {
 			break
 		}
 		for ctx.Err() == nil {
+			e.alive()
 			if err := e.closeShutdown(ctx, r, reason, outcome, word); err == nil {
 				break
 			} else {

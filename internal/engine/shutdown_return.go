@@ -30,18 +30,31 @@ import (
 //   - the waits run only when the shutdown's cordon is ours: a node someone
 //     else cordoned stays as it is and is closed out at once;
 //   - each step is journaled (intent, then done or failed) under the
-//     shutdown's record, so a crash or another reboot during the wait
-//     resumes it with what is left of readiness.timeout, and a step that
-//     failed is not run again;
+//     shutdown's record, so a restart of the agent during the readiness
+//     wait resumes it with what is left of readiness.timeout (wait-ready
+//     starts its reboot.readyTimeout again, as in a reboot event), and a
+//     step that failed is not run again, nor one whose failure kept the
+//     cordon; a step done or begun in an earlier boot (a power loss during
+//     the wait, no logind shutdown) is waited for again, from its start;
+//   - another shutdown announced during the wait stops it (PrepareShutdown
+//     cancels Engine.returning) and does not take the cordon's record over:
+//     the earlier shutdown keeps it, and its close-out runs again at the
+//     next start, or right after the new shutdown is cancelled
+//     (closeOutAgain); records are closed out oldest first;
 //   - while they run, LifecycleTransition (reason ShuttingDown) names what
 //     the node waits for, through the outbox (a message that changes
 //     within a second supersedes the last);
 //   - a step that fails (the kubelet not Ready in this boot within
-//     reboot.readyTimeout, the workloads not back within
+//     reboot.readyTimeout — unlike a reboot event's abort, which gives the
+//     node back: nothing asked for this shutdown, and a node whose kubelet
+//     is not Ready is not ready — or the workloads not back within
 //     readiness.timeout) closes the shutdown out Failed:
 //     LifecycleTransition=False with reason NotReadyAfterShutdown naming
 //     it, and with readiness.onTimeout keepCordoned (the default) the node
 //     stays cordoned by the shutdown for an admin to give back;
+//   - a shutdown during an event (attrs "during") leaves LifecycleTransition
+//     to the event: the wait's progress and NotReadyAfterShutdown are then
+//     in GracefulNodeShutdownInProgress's message only;
 //   - wait-ready is retried while the API server does not answer (its
 //     error reads as an outage), as the engine retries an event's step that
 //     needs the API; the readiness wait handles an outage itself;
@@ -111,14 +124,17 @@ func (s *shutdownRuntime) Owns(c drivers.Change) bool {
 	return s.e.owns(s.r.UID, s.change(c).Key())
 }
 
-// StepStarted is the time of the step's first intent under the shutdown.
+// StepStarted is the time of the step's first intent under the shutdown
+// in this boot: a wait begun in an earlier boot (cut by a power loss) is
+// begun again.
 func (s *shutdownRuntime) StepStarted() time.Time {
 	recs, err := s.e.cfg.Journal.Steps(s.r.UID)
 	if err != nil {
 		return time.Time{}
 	}
+	boot := s.e.cfg.Host.BootID()
 	for _, rec := range recs {
-		if rec.Step == s.step && rec.Phase == journal.PhaseIntent {
+		if rec.Step == s.step && rec.Phase == journal.PhaseIntent && rec.BootID == boot {
 			return rec.At
 		}
 	}
@@ -126,17 +142,21 @@ func (s *shutdownRuntime) StepStarted() time.Time {
 }
 
 // owns reports whether the journal holds the owned change key for uid.
-func (e *Engine) owns(uid, key string) bool {
+func (e *Engine) owns(uid, key string) bool { return uid != "" && e.ownedBy(key) == uid }
+
+// ownedBy is the event UID of the owned change key ("": none, or the
+// journal cannot be read).
+func (e *Engine) ownedBy(key string) string {
 	cs, err := e.cfg.Journal.Owned()
 	if err != nil {
-		return false
+		return ""
 	}
 	for _, c := range cs {
-		if c.Key() == key && c.EventUID == uid {
-			return true
+		if c.Key() == key {
+			return c.EventUID
 		}
 	}
-	return false
+	return ""
 }
 
 // shutdownCordonKey and shutdownKeptKey are the owned records of a
@@ -201,13 +221,32 @@ func (e *Engine) returnAfterShutdown(ctx context.Context, r journal.EventRecord)
 	if err != nil {
 		return fmt.Errorf("engine: reading the shutdown's steps: %w", err)
 	}
+	// A step done in an earlier boot (the wait cut by a power loss before
+	// the close-out) is waited for again in this one; a failure stands.
+	boot := e.cfg.Host.BootID()
 	last := map[string]journal.StepRecord{}
 	attempts := map[string]int{}
+	failed := ""
 	for _, rec := range recs {
-		last[rec.Step] = rec
 		if rec.Phase == journal.PhaseIntent {
 			attempts[rec.Step]++
 		}
+		if rec.BootID != boot && rec.State != journal.StepFailed {
+			delete(last, rec.Step)
+			continue
+		}
+		last[rec.Step] = rec
+		if rec.State == journal.StepFailed {
+			failed = rec.Message
+		}
+	}
+	if e.owns(r.UID, e.shutdownKeptKey()) {
+		// A step failed and kept the cordon before a restart that came
+		// before its failure was journaled, or after: the decision stands.
+		if failed == "" {
+			failed = "the node was not ready after the shutdown (decided before the agent restarted); the node stays cordoned (readiness.onTimeout: keepCordoned): uncordon it once it is ready"
+		}
+		return notBack{errors.New(failed)}
 	}
 	// The wait holds the engine's loop: it is progress all the same.
 	bctx, stop := context.WithCancel(ctx)

@@ -24,8 +24,8 @@ import (
 // node (its DaemonSet and 8 GPUs), leaves the node as a power-off leaves
 // it (off, given: the Node NotReady or not, the DaemonSet pod not Ready,
 // the GPUs unregistered) and starts the agent again in a new boot. It
-// returns the agent of the new boot.
-func shutdownAndPowerOn(t *testing.T, r *readinessNode, configure func(*config.Config), off func()) *testAgent {
+// returns the agent of the new boot and its logind.
+func shutdownAndPowerOn(t *testing.T, r *readinessNode, configure func(*config.Config), off func()) (*testAgent, *logindtest.Server) {
 	t.Helper()
 	srv := logindtest.Start(t, logindtest.Options{InhibitDelayMax: 30 * time.Second})
 	a := startAgent(t, r.node, agentOpts{retention: time.Hour, logind: srv.Address(), configure: configure})
@@ -44,7 +44,7 @@ func shutdownAndPowerOn(t *testing.T, r *readinessNode, configure func(*config.C
 		t.Fatal(err)
 	}
 	srv2 := logindtest.Start(t, logindtest.Options{InhibitDelayMax: 30 * time.Second})
-	return startAgent(t, r.node, agentOpts{retention: time.Hour, logind: srv2.Address(), dir: a.dir, configure: configure})
+	return startAgent(t, r.node, agentOpts{retention: time.Hour, logind: srv2.Address(), dir: a.dir, configure: configure}), srv2
 }
 
 // waitShutdownCondition waits (a minute) until LifecycleTransition has
@@ -73,7 +73,7 @@ func TestShutdownNextBootWaitsUntilReady(t *testing.T) {
 	node := "shutdown-ready-node"
 	r := newReadinessNode(t, node)
 	rec := recordConditions(t, node)
-	a := shutdownAndPowerOn(t, r, nil, func() {
+	a, _ := shutdownAndPowerOn(t, r, nil, func() {
 		r.setReady(false)
 		r.setPodReady(false)
 		r.setGPUs(0)
@@ -138,7 +138,7 @@ func TestShutdownNextBootNotReady(t *testing.T) {
 				c.Readiness.Timeout = 3 * time.Second
 				c.Readiness.OnTimeout = tc.onTimeout
 			}
-			a := shutdownAndPowerOn(t, r, configure, func() { r.setGPUs(0) })
+			a, _ := shutdownAndPowerOn(t, r, configure, func() { r.setGPUs(0) })
 			lt, _ := waitShutdownCondition(t, node, corev1.ConditionFalse, "NotReadyAfterShutdown",
 				"not ready within 3s (readiness.timeout): allocatable nvidia.com/gpu is 0 of 8")
 			var n *corev1.Node
@@ -158,6 +158,65 @@ func TestShutdownNextBootNotReady(t *testing.T) {
 				t.Errorf("journal after the close-out: owned %+v, events %+v", doc.Owned, doc.Events)
 			}
 		})
+	}
+}
+
+// Another shutdown is announced while the boot after the first one still
+// waits for the node's GPUs, and then cancelled. The wait stops: nothing
+// of it is written over the new shutdown's conditions, and the new
+// shutdown does not take over the cordon, so its cancel does not give the
+// node back. After the cancel the first shutdown's close-out resumes and
+// gives the node back once its GPUs are back. Before, the new shutdown
+// took the cordon's record over and its cancel uncordoned the node with 0
+// of its 8 GPUs.
+func TestShutdownDuringTheReturnWait(t *testing.T) {
+	node := "shutdown-again-node"
+	r := newReadinessNode(t, node)
+	a, srv := shutdownAndPowerOn(t, r, nil, func() { r.setGPUs(0) })
+	waitShutdownCondition(t, node, corev1.ConditionTrue, "ShuttingDown", "allocatable nvidia.com/gpu is 0 of 8")
+	announce(t, srv, waitDelayLock(t, srv))
+	_, gns, _ := shutdownConds(t, node)
+	if gns == nil || gns.Status != corev1.ConditionTrue {
+		t.Fatalf("GracefulNodeShutdownInProgress after the second announcement: %+v, want True", gns)
+	}
+	waitFor(t, "the wait stopped by the new shutdown, in the agent's log", 30*time.Second, func() bool {
+		return strings.Contains(a.logBuf.String(), "shutdown prepared")
+	})
+	time.Sleep(2 * time.Second) // what a wait still running would write
+	if _, gns, _ := shutdownConds(t, node); gns == nil || gns.Status != corev1.ConditionTrue {
+		t.Fatalf("GracefulNodeShutdownInProgress went back during the second shutdown: %+v", gns)
+	}
+
+	// logind cancels the second shutdown: the node stays cordoned, its GPUs
+	// still missing, until the first shutdown's close-out gives it back.
+	if err := srv.EmitPrepareForShutdown(false); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the second shutdown closed out as cancelled", 30*time.Second, func() bool {
+		return strings.Contains(a.logBuf.String(), "reason=ShutdownCancelled")
+	})
+	if n := getNode(t, node); !n.Spec.Unschedulable || n.Annotations[v1alpha1.AnnotationCordonedBy] != "shutdown" {
+		t.Fatalf("the cancel of the second shutdown gave the node back with its GPUs missing: unschedulable=%v %v", n.Spec.Unschedulable, n.Annotations)
+	}
+	waitFor(t, "the first shutdown's wait resumed after the cancel", 30*time.Second, func() bool {
+		return strings.Count(a.logBuf.String(), "allocatable nvidia.com/gpu is 0 of 8") >= 2
+	})
+	if !getNode(t, node).Spec.Unschedulable {
+		t.Fatal("uncordoned while the first shutdown's wait resumed, its GPUs missing")
+	}
+	r.setGPUs(8)
+	waitShutdownCondition(t, node, corev1.ConditionFalse, "ShutdownComplete", "shutdown complete; node back")
+	waitFor(t, "the node uncordoned", 30*time.Second, func() bool { return !getNode(t, node).Spec.Unschedulable })
+	a.stop(t)
+	doc := exportJournal(t, a.Journal)
+	outcomes := map[journal.Outcome]int{}
+	for _, h := range doc.History {
+		if h.Event.Driver == "lifecycle-agent.x-k8s.io/shutdown" {
+			outcomes[h.Outcome]++
+		}
+	}
+	if outcomes[journal.OutcomeSucceeded] != 1 || outcomes[journal.OutcomeCancelled] != 1 || len(doc.Owned) != 0 || len(doc.Events) != 0 {
+		t.Errorf("journal: shutdown outcomes %v (want one Succeeded, one Cancelled), owned %+v, events %+v", outcomes, doc.Owned, doc.Events)
 	}
 }
 

@@ -1,0 +1,138 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/lifecycle-agent/lifecycle-agent/api/v1alpha1"
+	"github.com/lifecycle-agent/lifecycle-agent/internal/drivers"
+	"github.com/lifecycle-agent/lifecycle-agent/internal/journal"
+)
+
+// The close-out's waits after a shutdown (returnAfterShutdown), replayed
+// from what the journal holds: a decision taken before a restart stands,
+// a wait done in an earlier boot is waited for again in this one.
+func TestShutdownReturnReplay(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// steps and kept are what the journal holds for the shutdown
+		// (boot "old" is an earlier boot, "" this one).
+		steps []journal.StepRecord
+		kept  bool
+		// want: the runs of wait-ready, its StepStarted seen non-zero,
+		// and the error's text ("" for none).
+		runs    int
+		started bool
+		err     string
+	}{
+		{
+			name: "the cordon kept before the failure was journaled: not run again, not back",
+			steps: []journal.StepRecord{
+				{Step: "wait-ready", Phase: journal.PhaseIntent, State: journal.StepRunning, Attempt: 1},
+			},
+			kept: true, runs: 0, err: "decided before the agent restarted",
+		},
+		{
+			name: "failed in an earlier boot: the failure stands",
+			steps: []journal.StepRecord{
+				{Step: "wait-ready", Phase: journal.PhaseIntent, State: journal.StepRunning, Attempt: 1, BootID: "old"},
+				{Step: "wait-ready", Phase: journal.PhaseDone, State: journal.StepFailed, Attempt: 1, BootID: "old", Message: "the node did not become Ready"},
+			},
+			runs: 0, err: "the node did not become Ready",
+		},
+		{
+			name: "done in an earlier boot (a power loss before the close-out): waited for again, from now",
+			steps: []journal.StepRecord{
+				{Step: "wait-ready", Phase: journal.PhaseIntent, State: journal.StepRunning, Attempt: 1, BootID: "old"},
+				{Step: "wait-ready", Phase: journal.PhaseDone, State: journal.StepDone, Attempt: 1, BootID: "old"},
+			},
+			runs: 1, started: true,
+		},
+		{
+			name: "done in this boot: not run again",
+			steps: []journal.StepRecord{
+				{Step: "wait-ready", Phase: journal.PhaseIntent, State: journal.StepRunning, Attempt: 1},
+				{Step: "wait-ready", Phase: journal.PhaseDone, State: journal.StepDone, Attempt: 1},
+			},
+			runs: 0,
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clk := clocktesting.NewFakeClock(time.Date(2026, 12, 7, 12, 0, 0, 0, time.UTC))
+			e := newOfflineEngine(t, clk)
+			j, boot := e.cfg.Journal, e.cfg.Host.BootID()
+			runs, started := 0, false
+			e.cfg.ShutdownReturn = drivers.NodeReturn{KeepCordoned: true, Steps: []drivers.Step{{Name: "wait-ready", Run: func(_ context.Context, rt drivers.Runtime) error {
+				runs++
+				started = !rt.StepStarted().IsZero()
+				return nil
+			}}}}
+			r := journal.EventRecord{UID: e.shutdownUID("old"), Name: "shutdown-n-old", Driver: ShutdownDriver, State: journal.EventRunning,
+				Attrs: map[string]string{"bootID": "old", "local": "true"}}
+			if err := j.PutEvent(r); err != nil {
+				t.Fatal(err)
+			}
+			for _, st := range tc.steps {
+				if st.BootID == "" {
+					st.BootID = boot
+				}
+				if _, err := j.AppendStep(r.UID, st); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if _, err := j.AddOwned(journal.Change{Kind: journal.ChangeCordon, Node: "n", Name: shutdownOwner, EventUID: r.UID, Value: shutdownOwner}); err != nil {
+				t.Fatal(err)
+			}
+			if tc.kept {
+				rt := &shutdownRuntime{e: e, r: r}
+				if err := rt.Own(drivers.CordonKept("n")); err != nil {
+					t.Fatal(err)
+				}
+			}
+			err := e.returnAfterShutdown(context.Background(), r)
+			var nb notBack
+			switch {
+			case tc.err == "" && err != nil:
+				t.Fatalf("returnAfterShutdown: %v, want the node back", err)
+			case tc.err != "" && (!errors.As(err, &nb) || !strings.Contains(err.Error(), tc.err)):
+				t.Fatalf("returnAfterShutdown: %v, want not back: %q", err, tc.err)
+			}
+			if runs != tc.runs || started != tc.started {
+				t.Errorf("wait-ready ran %d times (StepStarted known: %v), want %d (%v)", runs, started, tc.runs, tc.started)
+			}
+		})
+	}
+}
+
+// An event adopted without its journal: the steps rebuilt from its status
+// keep a failed step's failure (it is not run again), except the readiness
+// wait's, which looks once more and journals what readiness.onTimeout keeps.
+func TestRebuiltStepsFailed(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Date(2026, 12, 7, 12, 0, 0, 0, time.UTC))
+	e := newOfflineEngine(t, clk)
+	for _, tc := range []struct {
+		step, want string
+	}{
+		{step: "verify", want: "verify:intent verify:Failed(the target was not reached)"},
+		{step: drivers.StepWaitWorkloads, want: drivers.StepWaitWorkloads + ":intent"},
+	} {
+		a := &active{name: "ev", uid: "uid-1"}
+		a.status.Steps = []v1alpha1.StepStatus{{Name: tc.step, State: v1alpha1.StepFailed, Attempt: 1, Message: "the target was not reached"}}
+		var got []string
+		for _, r := range e.rebuiltSteps(a) {
+			s := r.Step + ":intent"
+			if r.Phase == journal.PhaseDone {
+				s = r.Step + ":" + r.State.String() + "(" + r.Message + ")"
+			}
+			got = append(got, s)
+		}
+		if strings.Join(got, " ") != tc.want {
+			t.Errorf("%s Failed in the status, rebuilt as %q, want %q", tc.step, got, tc.want)
+		}
+	}
+}
