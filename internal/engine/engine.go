@@ -284,8 +284,16 @@ func (e *Engine) Run(ctx context.Context) error {
 	e.closeOutShutdowns(ctx)
 	e.publishRequests(ctx)
 	e.leaseSweep = true                 // a claim cut short by the last stop may have left Leases held
-	if e.State() != stateShuttingDown { // a shutdown announced meanwhile says so
-		e.setState("idle")
+	e.mu.Lock()
+	cur := e.state
+	if cur == stateShuttingDown {
+		// A shutdown announced meanwhile holds the state; its cancel
+		// puts back idle, not the start's state.
+		e.preShutdown = "idle"
+	}
+	e.mu.Unlock()
+	if cur != stateShuttingDown {
+		e.swapState(cur, "idle")
 	}
 	// relist: after the API server answers again following failures, the
 	// watch may have missed events (a dead connection is found late, and
