@@ -283,7 +283,7 @@ func (e *Engine) Run(ctx context.Context) error {
 	}
 	e.closeOutShutdowns(ctx)
 	e.publishRequests(ctx)
-	e.leaseSweep = true                 // a claim cut short by the last stop may have left Leases held
+	e.leaseSweep = true // a claim cut short by the last stop may have left Leases held
 	e.mu.Lock()
 	cur := e.state
 	if cur == stateShuttingDown {
