@@ -59,7 +59,9 @@ func CordonKept(node string) Change {
 	return Change{Kind: ChangeCordonKept, Key: ChangeCordonKept + "/" + node}
 }
 
-const keptSuffix = "; the node stays cordoned (readiness.onTimeout: keepCordoned): uncordon it once it is ready"
+// KeptSuffix ends the message of a readiness failure that keeps the node
+// cordoned (the engine's shutdown close-out says it the same way).
+const KeptSuffix = "; the node stays cordoned (readiness.onTimeout: keepCordoned): uncordon it once it is ready"
 
 // params are the keys the readiness adds to a driver's parameters.
 func (Readiness) params() []string { return []string{readiness.Param, ResolvedReadiness} }
@@ -171,7 +173,7 @@ func (r Readiness) step() Step {
 		if kept := CordonKept(rt.Node()); rt.Owns(kept) {
 			// The wait timed out before a restart and kept the cordon: the
 			// same end again, nothing checked twice.
-			return errors.New("the node's workloads were not ready within readiness.timeout (decided before the agent restarted)" + keptSuffix)
+			return errors.New("the node's workloads were not ready within readiness.timeout (decided before the agent restarted)" + KeptSuffix)
 		}
 		checks, err := r.Config.Selected(rt.Params()[readiness.Param])
 		if err != nil {
@@ -328,7 +330,7 @@ func (r Readiness) step() Step {
 			if err := rt.Own(CordonKept(rt.Node())); err != nil {
 				return err
 			}
-			return fmt.Errorf("%w%s", failure, keptSuffix)
+			return fmt.Errorf("%w%s", failure, KeptSuffix)
 		}
 		return failure
 	}}

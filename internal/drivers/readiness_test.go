@@ -152,7 +152,7 @@ func TestReadinessTimeoutDuringOutage(t *testing.T) {
 			script:   []pollState{{gpus: 0, dsReady: true}, {err: errRefused}},
 			cordoned: true,
 			want: "the node's workloads were not ready within 10s (readiness.timeout): allocatable nvidia.com/gpu is 0 of 8, " +
-				"as last read before the API server stopped answering: readiness: reading the Node: " + errRefused.Error() + keptSuffix,
+				"as last read before the API server stopped answering: readiness: reading the Node: " + errRefused.Error() + KeptSuffix,
 		},
 		{
 			name:   "never read",

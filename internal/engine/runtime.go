@@ -54,12 +54,19 @@ func (r *stepRuntime) StepStarted() time.Time {
 	r.a.statusMu.Lock()
 	step := r.a.status.CurrentStep
 	r.a.statusMu.Unlock()
-	recs, err := r.e.cfg.Journal.Steps(r.a.uid)
+	return r.e.firstIntent(r.a.uid, step, "")
+}
+
+// firstIntent is the time of step's first intent record under uid, in the
+// boot boot ("": any); the zero time when there is none or the journal
+// cannot be read.
+func (e *Engine) firstIntent(uid, step, boot string) time.Time {
+	recs, err := e.cfg.Journal.Steps(uid)
 	if err != nil {
 		return time.Time{}
 	}
 	for _, rec := range recs {
-		if rec.Step == step && rec.Phase == journal.PhaseIntent {
+		if rec.Step == step && rec.Phase == journal.PhaseIntent && (boot == "" || rec.BootID == boot) {
 			return rec.At
 		}
 	}
@@ -84,15 +91,5 @@ func (r *stepRuntime) Disown(c drivers.Change) error {
 }
 
 func (r *stepRuntime) Owns(c drivers.Change) bool {
-	owned, err := r.e.cfg.Journal.Owned()
-	if err != nil {
-		return false
-	}
-	key := change(r, c).Key()
-	for _, o := range owned {
-		if o.Key() == key && o.EventUID == r.a.uid {
-			return true
-		}
-	}
-	return false
+	return r.e.owns(r.a.uid, change(r, c).Key())
 }

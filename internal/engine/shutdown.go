@@ -68,8 +68,8 @@ func (e *Engine) PrepareShutdown(ctx context.Context) error {
 		attrs["during"] = e.current.name // e.g. the reboot driver's own reboot
 	}
 	e.mu.Unlock()
-	if err := e.cfg.Journal.PutEvent(journal.EventRecord{UID: uid, Name: name, Driver: ShutdownDriver, State: journal.EventRunning,
-		Attrs: attrs}); err != nil {
+	rec := journal.EventRecord{UID: uid, Name: name, Driver: ShutdownDriver, State: journal.EventRunning, Attrs: attrs}
+	if err := e.cfg.Journal.PutEvent(rec); err != nil {
 		return fmt.Errorf("engine: journal shutdown: %w", err)
 	}
 	if _, err := e.cfg.Journal.AppendStep(uid, journal.StepRecord{Step: "shutdown", Phase: journal.PhaseIntent,
@@ -128,8 +128,7 @@ func (e *Engine) PrepareShutdown(ctx context.Context) error {
 		case p := <-snap:
 			if v, ok := p[drivers.ResolvedReadiness]; ok {
 				attrs[drivers.ResolvedReadiness] = v
-				if err := e.cfg.Journal.PutEvent(journal.EventRecord{UID: uid, Name: name, Driver: ShutdownDriver, State: journal.EventRunning,
-					Attrs: attrs}); err != nil {
+				if err := e.cfg.Journal.PutEvent(rec); err != nil {
 					e.log.Error("shutdown: journaling what the node has failed; its next boot compares against nothing", "event", name, "err", err)
 				}
 			}

@@ -128,17 +128,7 @@ func (s *shutdownRuntime) Owns(c drivers.Change) bool {
 // in this boot: a wait begun in an earlier boot (cut by a power loss) is
 // begun again.
 func (s *shutdownRuntime) StepStarted() time.Time {
-	recs, err := s.e.cfg.Journal.Steps(s.r.UID)
-	if err != nil {
-		return time.Time{}
-	}
-	boot := s.e.cfg.Host.BootID()
-	for _, rec := range recs {
-		if rec.Step == s.step && rec.Phase == journal.PhaseIntent && rec.BootID == boot {
-			return rec.At
-		}
-	}
-	return time.Time{}
+	return s.e.firstIntent(s.r.UID, s.step, s.e.cfg.Host.BootID())
 }
 
 // owns reports whether the journal holds the owned change key for uid.
@@ -244,7 +234,7 @@ func (e *Engine) returnAfterShutdown(ctx context.Context, r journal.EventRecord)
 		// A step failed and kept the cordon before a restart that came
 		// before its failure was journaled, or after: the decision stands.
 		if failed == "" {
-			failed = "the node was not ready after the shutdown (decided before the agent restarted); the node stays cordoned (readiness.onTimeout: keepCordoned): uncordon it once it is ready"
+			failed = "the node was not ready after the shutdown (decided before the agent restarted)" + drivers.KeptSuffix
 		}
 		return notBack{errors.New(failed)}
 	}
@@ -264,11 +254,17 @@ func (e *Engine) returnAfterShutdown(ctx context.Context, r journal.EventRecord)
 		case ok && l.Phase == journal.PhaseDone && l.State == journal.StepFailed:
 			return notBack{errors.New(l.Message)} // decided before a restart: not run again
 		}
+		record := func(phase journal.StepPhase, state journal.StepState, msg string) error {
+			if _, err := e.cfg.Journal.AppendStep(r.UID, journal.StepRecord{Step: st.Name, Phase: phase,
+				State: state, Attempt: attempts[st.Name], BootID: boot, Message: msg}); err != nil {
+				return fmt.Errorf("engine: journal %s: %w", st.Name, err)
+			}
+			return nil
+		}
 		for {
 			attempts[st.Name]++
-			if _, err := e.cfg.Journal.AppendStep(r.UID, journal.StepRecord{Step: st.Name, Phase: journal.PhaseIntent,
-				State: journal.StepRunning, Attempt: attempts[st.Name], BootID: e.cfg.Host.BootID()}); err != nil {
-				return fmt.Errorf("engine: journal %s: %w", st.Name, err)
+			if err := record(journal.PhaseIntent, journal.StepRunning, ""); err != nil {
+				return err
 			}
 			rt := &shutdownRuntime{e: e, r: r, step: st.Name}
 			err := st.Run(ctx, rt)
@@ -276,9 +272,8 @@ func (e *Engine) returnAfterShutdown(ctx context.Context, r journal.EventRecord)
 				return ctx.Err()
 			}
 			if err == nil {
-				if _, err := e.cfg.Journal.AppendStep(r.UID, journal.StepRecord{Step: st.Name, Phase: journal.PhaseDone,
-					State: journal.StepDone, Attempt: attempts[st.Name], BootID: e.cfg.Host.BootID()}); err != nil {
-					return fmt.Errorf("engine: journal %s: %w", st.Name, err)
+				if err := record(journal.PhaseDone, journal.StepDone, ""); err != nil {
+					return err
 				}
 				break
 			}
@@ -294,12 +289,11 @@ func (e *Engine) returnAfterShutdown(ctx context.Context, r journal.EventRecord)
 				if err := rt.Own(drivers.CordonKept(e.cfg.Node)); err != nil {
 					return fmt.Errorf("engine: journal the kept cordon: %w", err)
 				}
-				msg += "; the node stays cordoned (readiness.onTimeout: keepCordoned): uncordon it once it is ready"
+				msg += drivers.KeptSuffix
 			}
 			// Failed for good: a replay closes the shutdown out with it.
-			if _, err := e.cfg.Journal.AppendStep(r.UID, journal.StepRecord{Step: st.Name, Phase: journal.PhaseDone,
-				State: journal.StepFailed, Attempt: attempts[st.Name], BootID: e.cfg.Host.BootID(), Message: msg}); err != nil {
-				return fmt.Errorf("engine: journal %s: %w", st.Name, err)
+			if err := record(journal.PhaseDone, journal.StepFailed, msg); err != nil {
+				return err
 			}
 			return notBack{errors.New(msg)}
 		}
