@@ -104,8 +104,19 @@ func TestReimagedNodeTakesOverItsEvent(t *testing.T) {
 		}
 		return false
 	})
-	if !strings.Contains(reimaged.logBuf.String(), "took over an event of this node") || strings.Contains(twin.logBuf.String(), "took over an event of this node") {
-		t.Fatalf("the event went to %s; want the re-imaged node's agent, never the twin (whose boot ID is not the Node's)", newID)
+	// The agent logs the take-over after its status write returns, so the
+	// holder can be seen a moment before the line is written (CI at
+	// d22993f, two cores under make test: the line not there yet). The
+	// identities say who took it; the log lines follow.
+	if want := loggedIdentity(t, reimaged); newID != want {
+		t.Fatalf("the event went to %s; want the re-imaged node's agent %s, never the twin %s (whose boot ID is not the Node's)",
+			newID, want, loggedIdentity(t, twin))
+	}
+	waitFor(t, "the re-imaged node's agent to log its take-over", 10*time.Second, func() bool {
+		return strings.Contains(reimaged.logBuf.String(), "took over an event of this node")
+	})
+	if strings.Contains(twin.logBuf.String(), "took over an event of this node") {
+		t.Fatal("the twin logged a take-over too")
 	}
 
 	ev := waitEvent(t, "reimage-1", time.Minute)
@@ -128,4 +139,21 @@ func TestReimagedNodeTakesOverItsEvent(t *testing.T) {
 	if !found {
 		t.Error("no Kubernetes Event TakenOver naming the old holder")
 	}
+}
+
+// loggedIdentity is the holder identity a started agent logged with
+// "journal replayed".
+func loggedIdentity(t *testing.T, a *testAgent) string {
+	t.Helper()
+	for _, l := range strings.Split(a.logBuf.String(), "\n") {
+		if !strings.Contains(l, `msg="journal replayed"`) {
+			continue
+		}
+		if _, rest, ok := strings.Cut(l, " identity="); ok {
+			id, _, _ := strings.Cut(rest, " ")
+			return id
+		}
+	}
+	t.Fatalf("agent %s logged no identity", a.node)
+	return ""
 }

@@ -349,8 +349,38 @@ func pluginAs(t *testing.T, kc string, timeout time.Duration, args ...string) re
 	default:
 		t.Fatalf("kubectl lifecycle %s: %v", strings.Join(args, " "), err)
 	}
-	t.Logf("$ kubectl lifecycle %s\n%s", strings.Join(args, " "), r)
+	transcript(t, fmt.Sprintf("$ kubectl lifecycle %s\n%s", strings.Join(args, " "), r))
 	return r
+}
+
+// transcripts holds each test's plugin commands and their output, logged
+// once the test has ended and only if it failed: after its error lines,
+// not before them, so that a log cut short (make test's summary keeps a
+// dozen lines after "--- FAIL") still names what failed (CI at d22993f
+// showed only the first two commands' output of TestDrainRebootUncordon).
+var transcripts sync.Map // *testing.T -> *transcriptLog
+
+type transcriptLog struct {
+	mu  sync.Mutex
+	buf strings.Builder
+}
+
+func transcript(t *testing.T, entry string) {
+	v, loaded := transcripts.LoadOrStore(t, &transcriptLog{})
+	l := v.(*transcriptLog)
+	if !loaded {
+		t.Cleanup(func() {
+			transcripts.Delete(t)
+			if t.Failed() {
+				l.mu.Lock()
+				defer l.mu.Unlock()
+				t.Logf("the plugin commands it ran, in order:\n%s", l.buf.String())
+			}
+		})
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.buf.WriteString(entry + "\n")
 }
 
 func wantExit(t *testing.T, r result, code int, what string) {
