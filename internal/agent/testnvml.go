@@ -24,7 +24,8 @@ const EnvTestNVML = "LIFECYCLE_AGENT_TEST_NVML"
 // EnvTestNVMLFaults sets GPU faults in that mock at start, so that a test
 // of the real binary sees what the GPU monitor makes of them: a comma list
 // of INDEX:FAULT, FAULT a recovery action's name (GPU_RESET, NODE_REBOOT,
-// DRAIN_AND_RESET, …), REMAP_FAILURE (row remapping failed) or
+// DRAIN_AND_RESET, …), REMAP_FAILURE (row remapping failed),
+// RESET_REQUIRED (its state reads answer ERROR_RESET_REQUIRED) or
 // PERSISTENCE (persistence mode on). A fault the test build cannot read
 // stops the agent at start.
 const EnvTestNVMLFaults = "LIFECYCLE_AGENT_TEST_NVML_FAULTS"
@@ -138,6 +139,10 @@ func setFaults(f *devicestest.Fleet, list string) error {
 		}
 		if fault == "REMAP_FAILURE" {
 			f.Set(i, func(g *devicestest.GPU) { g.RemappedRowsFailure = true })
+			continue
+		}
+		if fault == "RESET_REQUIRED" {
+			f.Set(i, func(g *devicestest.GPU) { g.ResetRequired = true })
 			continue
 		}
 		a := devices.RecoveryActionUnknown

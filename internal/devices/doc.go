@@ -123,7 +123,11 @@
 // compute or graphics processes, persistence mode off (ResetAndVerify turns
 // it off and restores it), MIG disabled, and other NVML clients (DCGM,
 // dcgm-exporter, device plugin) stopped by the caller. Preconditions reports
-// each blocker by GPU (PIDs named); ResetAndVerify refuses on any.
+// each blocker by GPU (PIDs named); ResetAndVerify refuses on any. A process
+// list unreadable only because the GPU answers ERROR_RESET_REQUIRED is a
+// note, not a blocker (refusing would keep the GPU the reset is for
+// unusable): the caller must then check the device node's holders
+// (FindHolders) before it resets, as the gpu-reset driver's reset step does.
 //
 // # NVSwitch decision
 //

@@ -151,9 +151,12 @@ type GPUInfo struct {
 	Persistence Tri
 
 	// ProcessesKnown is false when either process list could not be read.
-	ProcessesKnown bool
-	ComputePIDs    []uint32
-	GraphicsPIDs   []uint32
+	// ProcessesResetRequired: the only failures were ERROR_RESET_REQUIRED
+	// (the GPU must be reset before it answers again).
+	ProcessesKnown         bool
+	ProcessesResetRequired bool
+	ComputePIDs            []uint32
+	GraphicsPIDs           []uint32
 
 	RetiredPagesPending Tri
 	RemappedRows        RemappedRows
@@ -379,7 +382,7 @@ func (m *Manager) readHealth(dev nvml.Device, g *GPUInfo) {
 	if p, ret := dev.GetPersistenceMode(); g.note("GetPersistenceMode", ret) {
 		g.Persistence = triOf(p == nvml.FEATURE_ENABLED)
 	}
-	g.ComputePIDs, g.GraphicsPIDs, g.ProcessesKnown = readProcesses(dev, g)
+	g.ComputePIDs, g.GraphicsPIDs, g.ProcessesKnown, g.ProcessesResetRequired = readProcesses(dev, g)
 
 	if p, ret := dev.GetRetiredPagesPendingStatus(); g.note("GetRetiredPagesPendingStatus", ret) {
 		g.RetiredPagesPending = triOf(p == nvml.FEATURE_ENABLED)
@@ -410,11 +413,15 @@ func (m *Manager) readHealth(dev nvml.Device, g *GPUInfo) {
 
 // readProcesses returns compute and graphics PIDs; known is false unless both
 // lists were read (NOT_SUPPORTED included: fail closed for reset).
-func readProcesses(dev nvml.Device, g *GPUInfo) (compute, graphics []uint32, known bool) {
+// resetRequired is true when the lists were not read only because the GPU
+// answered ERROR_RESET_REQUIRED.
+func readProcesses(dev nvml.Device, g *GPUInfo) (compute, graphics []uint32, known, resetRequired bool) {
 	cp, ret1 := dev.GetComputeRunningProcesses()
 	ok1 := g.note("GetComputeRunningProcesses", ret1)
 	gp, ret2 := dev.GetGraphicsRunningProcesses()
 	ok2 := g.note("GetGraphicsRunningProcesses", ret2)
+	resetRequired = !(ok1 && ok2) &&
+		(ok1 || ret1 == nvml.ERROR_RESET_REQUIRED) && (ok2 || ret2 == nvml.ERROR_RESET_REQUIRED)
 	for _, p := range cp {
 		compute = append(compute, p.Pid)
 	}
@@ -423,7 +430,7 @@ func readProcesses(dev nvml.Device, g *GPUInfo) (compute, graphics []uint32, kno
 	}
 	slices.Sort(compute)
 	slices.Sort(graphics)
-	return slices.Compact(compute), slices.Compact(graphics), ok1 && ok2
+	return slices.Compact(compute), slices.Compact(graphics), ok1 && ok2, resetRequired
 }
 
 // readRecoveryAction reads field 230. Per-field NOT_SUPPORTED or

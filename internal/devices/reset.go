@@ -16,12 +16,15 @@ type GPUPreconditions struct {
 	PCIBusID     string
 	Architecture string
 	// ProcessesKnown is false when a process list could not be read; the
-	// reset is then refused (fail closed).
-	ProcessesKnown bool
-	ComputePIDs    []uint32
-	GraphicsPIDs   []uint32
-	MIGCurrent     Tri
-	MIGPending     Tri
+	// reset is then refused (fail closed), unless ProcessesResetRequired:
+	// the lists answered only ERROR_RESET_REQUIRED, the state the reset is
+	// for (see Preconditions).
+	ProcessesKnown         bool
+	ProcessesResetRequired bool
+	ComputePIDs            []uint32
+	GraphicsPIDs           []uint32
+	MIGCurrent             Tri
+	MIGPending             Tri
 	// Persistence "true" is not a blocker: ResetAndVerify turns it off and
 	// restores it. Journal it before acting so a replay can restore it.
 	Persistence Tri
@@ -38,6 +41,10 @@ type PreconditionReport struct {
 	GPUs           []GPUPreconditions
 	// Blockers are human-readable refusals, each naming the GPU.
 	Blockers []string
+	// Notes are what the caller should know but does not refuse the
+	// reset, each naming the GPU: a process list a GPU that requires a
+	// reset could not answer.
+	Notes []string
 }
 
 // Err is nil when there are no blockers, else an error wrapping
@@ -54,6 +61,13 @@ func (r PreconditionReport) Err() error {
 // NVSwitch system and whether the selection must be the whole set. It returns
 // an error only when NVML itself fails or a UUID is unknown; refusals are in
 // the report (see Err).
+//
+// A process list unreadable because the GPU answers ERROR_RESET_REQUIRED
+// is a note, not a blocker: NVML names that state "the GPU requires a
+// reset before it can be used again", so refusing would leave the GPU the
+// reset is for unusable for good. nvidia-smi itself decides "in use" by the
+// device node's open file descriptors, and so does the caller's reset step
+// (the gpu-reset driver scans the node's holders and refuses on any).
 //
 // Blockers: processes running; process list unreadable; MIG currently
 // enabled (a reset destroys GPU instances that belong to the workload);
@@ -85,13 +99,19 @@ func (m *Manager) Preconditions(uuids []string) (PreconditionReport, error) {
 		}
 		rep.GPUs = append(rep.GPUs, GPUPreconditions{
 			UUID: g.UUID, Index: g.Index, PCIBusID: g.PCIBusID, Architecture: g.Architecture,
-			ProcessesKnown: g.ProcessesKnown, ComputePIDs: g.ComputePIDs, GraphicsPIDs: g.GraphicsPIDs,
+			ProcessesKnown: g.ProcessesKnown, ProcessesResetRequired: g.ProcessesResetRequired,
+			ComputePIDs: g.ComputePIDs, GraphicsPIDs: g.GraphicsPIDs,
 			MIGCurrent: g.MIGCurrent, MIGPending: g.MIGPending, Persistence: g.Persistence,
 		})
 		if g.Lost {
 			block(g, "GPU is lost (ERROR_GPU_IS_LOST); a reset cannot be prepared, reboot the node")
 		}
 		switch {
+		case !g.ProcessesKnown && g.ProcessesResetRequired && !g.Lost:
+			rep.Notes = append(rep.Notes, gpuLabel(g.UUID, g.Index)+
+				": process list unreadable: the GPU requires a reset (ERROR_RESET_REQUIRED); no process may hold its device node at the reset")
+		case !g.ProcessesKnown && g.Lost:
+			// Blocked above: a lost GPU answers nothing.
 		case !g.ProcessesKnown:
 			block(g, "process list unavailable%s", readErrSuffix(g, "GetComputeRunningProcesses", "GetGraphicsRunningProcesses"))
 		case len(g.ComputePIDs) > 0 || len(g.GraphicsPIDs) > 0:
@@ -409,7 +429,8 @@ type ResetReport struct {
 
 // ResetAndVerify is the whole reset for one selection:
 //
-//	Preconditions (refuse on any blocker) → persistence off where on →
+//	Preconditions (refuse on any blocker, and on any note: it scans no
+//	holders) → persistence off where on →
 //	Resetter.Reset → ClearXIDs → persistence restored (always attempted,
 //	also after a failed reset) → WaitFabricCompleted on NVSwitch systems →
 //	VerifyHealthy.
@@ -427,6 +448,10 @@ func (m *Manager) ResetAndVerify(ctx context.Context, r Resetter, uuids []string
 	rep.Preconditions = pre
 	if err := pre.Err(); err != nil {
 		return rep, err
+	}
+	if len(pre.Notes) > 0 {
+		// It scans no holders: what a note leaves to the caller refuses here.
+		return rep, fmt.Errorf("%w: %s", ErrPreconditions, strings.Join(pre.Notes, "; "))
 	}
 	if opts.DryRun {
 		r = m.dryRun(r)

@@ -47,6 +47,27 @@ func TestPreconditions(t *testing.T) {
 			wantBlockers: []string{"{2} (index 2): process list unavailable (GetComputeRunningProcesses: ERROR_UNKNOWN; GetGraphicsRunningProcesses: ERROR_UNKNOWN)"},
 		},
 		{
+			// The state the reset is for: refusing would keep the GPU
+			// unusable. A note; the reset step's holder scan decides.
+			name: "process list answering RESET_REQUIRED is a note, not a blocker", arch: archH100, sel: []int{2},
+			mod:          map[int]func(*gpuState){2: func(g *gpuState) { g.procRet = nvml.ERROR_RESET_REQUIRED }},
+			wantNVSwitch: true,
+			check: func(t *testing.T, r PreconditionReport) {
+				if g := r.GPUs[0]; g.ProcessesKnown || !g.ProcessesResetRequired {
+					t.Errorf("ProcessesKnown/ProcessesResetRequired = %v/%v, want false/true", g.ProcessesKnown, g.ProcessesResetRequired)
+				}
+				if len(r.Notes) != 1 || !strings.Contains(r.Notes[0], "(index 2): process list unreadable: the GPU requires a reset (ERROR_RESET_REQUIRED)") {
+					t.Errorf("notes = %q, want one naming GPU 2 and ERROR_RESET_REQUIRED", r.Notes)
+				}
+			},
+		},
+		{
+			name: "a lost GPU is blocked once", arch: archH100, sel: []int{2},
+			mod:          map[int]func(*gpuState){2: func(g *gpuState) { g.procRet = nvml.ERROR_GPU_IS_LOST }},
+			wantNVSwitch: true,
+			wantBlockers: []string{"{2} (index 2): GPU is lost (ERROR_GPU_IS_LOST)"},
+		},
+		{
 			name: "MIG on is reported and blocks", arch: archH100, sel: []int{4},
 			mod:          map[int]func(*gpuState){4: func(g *gpuState) { g.migCurrent = nvml.DEVICE_MIG_ENABLE }},
 			wantNVSwitch: true,

@@ -39,8 +39,9 @@ type GPUResetCheck struct {
 	// Blockers refuse the reset now. With Drain, running processes are
 	// listed too: the drain is expected to end them.
 	Blockers []string
-	// Warnings do not refuse the reset but will likely make it fail, e.g.
-	// Fabric Manager left running on a pre-Hopper NVSwitch system.
+	// Warnings do not refuse the reset but may make it fail, e.g. Fabric
+	// Manager left running on a pre-Hopper NVSwitch system, or a GPU that
+	// requires a reset and cannot list its processes.
 	Warnings []string
 	// Holders are the processes with a group GPU's device node open now,
 	// other than the caller (its own NVML session): the running agent, which
@@ -63,6 +64,9 @@ func (d GPUReset) inspect(uuids []string) (GPUResetCheck, error) {
 	}
 	c.Preconditions = pre
 	c.Blockers = pre.Blockers
+	// A GPU that requires a reset cannot list its processes: the reset
+	// step's scan of its device node's holders decides (devices.Preconditions).
+	c.Warnings = append(c.Warnings, pre.Notes...)
 	if pre.NVSwitch && pre.WholeSet && !slices.ContainsFunc(d.Services, func(u string) bool { return strings.Contains(u, "fabricmanager") }) {
 		c.Warnings = append(c.Warnings, "pre-Hopper NVSwitch system: Fabric Manager must be stopped for the reset, "+
 			"but gpu.services does not name nvidia-fabricmanager.service")

@@ -48,9 +48,11 @@ func TestGPUResetShippedWiring(t *testing.T) {
 	all := fleet.UUIDs(0, 1, 2, 3, 4, 5, 6, 7)
 	for _, tc := range []struct {
 		name, node, method, gpus string
+		faults                   string // the mock's faults, when not GPU 0's GPU_RESET
 		noSession                bool
 		want                     []string // reset-log lines, in order; nil: no reset
 		fail                     *regexp.Regexp
+		check                    *regexp.Regexp // the check-gpus step's progress, in the agent's log
 	}{
 		{name: "nvidia-smi one GPU", node: "gpuw-smi", method: "auto", gpus: "0",
 			want: []string{"reset " + all[0] + " session=closed eventsets=0"}},
@@ -60,10 +62,17 @@ func TestGPUResetShippedWiring(t *testing.T) {
 			want: []string{"reset " + all[0] + " session=open eventsets=0"}},
 		{name: "without the pause", node: "gpuw-nopause", method: "auto", gpus: "0", noSession: true,
 			fail: regexp.MustCompile(`processes hold the GPUs being reset: lifecycle-agent \(pid \d+\) holds \S+/nvidia0`)},
+		// GPU 0 answers ERROR_RESET_REQUIRED to its process lists (and
+		// ECC, retired pages, remapped rows): the reset it asks for goes
+		// ahead, the device node's holders deciding, not refused for the
+		// lists it cannot read (it was, with "process list unavailable").
+		{name: "nvidia-smi a GPU that requires a reset", node: "gpuw-rr", method: "auto", gpus: "0", faults: "0:RESET_REQUIRED",
+			want:  []string{"reset " + all[0] + " session=closed eventsets=0"},
+			check: regexp.MustCompile(`step=check-gpus message="preconditions met: .*warning: \S+ \(index 0\): process list unreadable: the GPU requires a reset \(ERROR_RESET_REQUIRED\)`)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			runGPUWiringCase(t, tc.node, tc.method, tc.gpus, tc.noSession, tc.want, tc.fail)
+			runGPUWiringCase(t, tc.node, tc.method, tc.gpus, tc.faults, tc.noSession, tc.want, tc.fail, tc.check)
 		})
 	}
 }
@@ -155,12 +164,15 @@ func resetLines(uuids []string, session string) []string {
 	return out
 }
 
-func runGPUWiringCase(t *testing.T, node, method, gpus string, noSession bool, want []string, fail *regexp.Regexp) {
+func runGPUWiringCase(t *testing.T, node, method, gpus, faults string, noSession bool, want []string, fail, check *regexp.Regexp) {
 	ctx := context.Background()
 	admin := env.AdminConfig()
 	var extra []string
 	if noSession {
 		extra = append(extra, "LIFECYCLE_AGENT_TEST_NO_GPU_SESSION=1")
+	}
+	if faults != "" {
+		extra = append(extra, "LIFECYCLE_AGENT_TEST_NVML_FAULTS="+faults) // the last value of a key is the one used
 	}
 	c, resetLog := gpuWiringCase(t, node, method, extra...)
 	lc, err := apiclient.NewLifecycleClients(admin)
@@ -176,7 +188,7 @@ func runGPUWiringCase(t *testing.T, node, method, gpus string, noSession bool, w
 		_, err := lc.Transitions.Get(ctx, tn, metav1.GetOptions{})
 		return err == nil
 	})
-	waitFor(t, "GPUHealthy False for GPU 0's recovery action", 60*time.Second, a, func() bool {
+	waitFor(t, "GPUHealthy False for GPU 0's fault", 60*time.Second, a, func() bool {
 		return strings.HasPrefix(health(), string(corev1.ConditionFalse)+"/")
 	}, health)
 	got := runGPUReset(t, lc, c, a, tn, gpus)
@@ -198,6 +210,9 @@ func runGPUWiringCase(t *testing.T, node, method, gpus string, noSession bool, w
 	}
 	if strings.Join(resets, "\n") != strings.Join(want, "\n") {
 		t.Errorf("resets the mock saw:\n%s\nwant:\n%s", strings.Join(resets, "\n"), strings.Join(want, "\n"))
+	}
+	if check != nil && !check.MatchString(a.logText()) {
+		t.Errorf("the check-gpus step's progress (the status message, the agent's log) does not match %s:\n%s", check, tail(a.log, 40))
 	}
 	waitFor(t, "GPUHealthy True after the reset (the monitor runs again)", 30*time.Second, a, func() bool {
 		return strings.HasPrefix(health(), string(corev1.ConditionTrue)+"/")

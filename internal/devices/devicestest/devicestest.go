@@ -119,6 +119,11 @@ type GPU struct {
 	FailReset bool
 	// Lost makes identity and signal reads answer ERROR_GPU_IS_LOST.
 	Lost bool
+	// ResetRequired makes the reads of its state (process lists, ECC
+	// counters, retired pages, remapped rows) answer ERROR_RESET_REQUIRED,
+	// NVML's "the GPU requires a reset before it can be used again";
+	// identity, PCI and mode reads still answer. A reset clears it.
+	ResetRequired bool
 
 	// OffBus: the GPU fell off the bus; invisible to NVML and nvidia-smi,
 	// and DeviceDiscoverGpus does not bring it back.
@@ -656,6 +661,7 @@ func (f *Fleet) applyReset(i int) {
 	g.RemappedRowsPending = false
 	g.ECCVolatileUncorrected = 0
 	g.RecoveryAction = devices.RecoveryActionNone
+	g.ResetRequired = false
 	if f.model == DGXH100 {
 		g.fabricPending = g.FabricPollsAfterReset
 		g.FabricState = devices.FabricInProgress
@@ -911,6 +917,16 @@ func (f *Fleet) wireDevice(i int) {
 		}
 		return fn(f.gpus[i])
 	}
+	// state is read for the GPU's state: a GPU that requires a reset
+	// answers ERROR_RESET_REQUIRED.
+	state := func(fn func(g *GPU) nvml.Return) nvml.Return {
+		return read(func(g *GPU) nvml.Return {
+			if g.ResetRequired {
+				return nvml.ERROR_RESET_REQUIRED
+			}
+			return fn(g)
+		})
+	}
 	d.GetUUIDFunc = func() (string, nvml.Return) {
 		ret := read(func(*GPU) nvml.Return { return nvml.SUCCESS })
 		if ret != nvml.SUCCESS {
@@ -943,7 +959,7 @@ func (f *Fleet) wireDevice(i int) {
 	}
 	procs := func(graphics bool) ([]nvml.ProcessInfo, nvml.Return) {
 		var out []nvml.ProcessInfo
-		ret := read(func(g *GPU) nvml.Return {
+		ret := state(func(g *GPU) nvml.Return {
 			pids := g.ComputePIDs
 			if graphics {
 				pids = g.GraphicsPIDs
@@ -969,7 +985,7 @@ func (f *Fleet) wireDevice(i int) {
 	}
 	d.GetRetiredPagesPendingStatusFunc = func() (nvml.EnableState, nvml.Return) {
 		st := nvml.FEATURE_DISABLED
-		ret := read(func(g *GPU) nvml.Return {
+		ret := state(func(g *GPU) nvml.Return {
 			if g.RetiredPagesPending {
 				st = nvml.FEATURE_ENABLED
 			}
@@ -979,7 +995,7 @@ func (f *Fleet) wireDevice(i int) {
 	}
 	d.GetRemappedRowsFunc = func() (int, int, bool, bool, nvml.Return) {
 		var pending, failure bool
-		ret := read(func(g *GPU) nvml.Return {
+		ret := state(func(g *GPU) nvml.Return {
 			if g.MIG {
 				return nvml.ERROR_NOT_SUPPORTED // as on real GPUs
 			}
@@ -990,7 +1006,7 @@ func (f *Fleet) wireDevice(i int) {
 	}
 	d.GetTotalEccErrorsFunc = func(et nvml.MemoryErrorType, _ nvml.EccCounterType) (uint64, nvml.Return) {
 		var n uint64
-		ret := read(func(g *GPU) nvml.Return {
+		ret := state(func(g *GPU) nvml.Return {
 			if et == nvml.MEMORY_ERROR_TYPE_UNCORRECTED {
 				n = g.ECCVolatileUncorrected
 			}
