@@ -94,8 +94,18 @@ func TestDrainRebootUncordon(t *testing.T) {
 
 	// reboot (driver lifecycle-agent.x-k8s.io/reboot; simulated: the boot ID changes)
 	rebooted := false
-	if _, err := lc.Transitions.Get(context.Background(), node+"-reboot", metav1.GetOptions{}); err != nil {
-		t.Errorf("the agent publishes no %s-reboot transition (%v): the reboot driver is not enabled in lifecycle-agent yet; reboot part not run", node, err)
+	// The agent publishes its transitions one by one (startNodes waits for
+	// the uncordon's): a create retried under load comes a resync later.
+	var terr error
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		if _, terr = lc.Transitions.Get(context.Background(), node+"-reboot", metav1.GetOptions{}); terr == nil || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if terr != nil {
+		t.Errorf("the agent publishes no %s-reboot transition (%v): the reboot driver is not enabled in lifecycle-agent yet; reboot part not run", node, terr)
 	} else {
 		r = plugin(t, 120*time.Second, "reboot", node)
 		wantExit(t, r, 0, "reboot")
@@ -183,7 +193,13 @@ func TestDrainRebootUncordon(t *testing.T) {
 	}
 	r = plugin(t, 60*time.Second, "cancel", name, "--wait")
 	wantExit(t, r, 0, "cancel --wait")
-	wantContains(t, r.stdout, "lifecycleevent "+name+" gone", "cancel --wait")
+	// "gone" when the agent ended the event before the cancel reached it
+	// (its one step is quick), "cancelled" when the cancel came first:
+	// the plugin's two documented words (docs/plugin.md). A machine under
+	// load gives either.
+	if !strings.Contains(r.stdout, "lifecycleevent "+name+" gone") && !strings.Contains(r.stdout, "lifecycleevent "+name+" cancelled") {
+		t.Errorf("cancel --wait: want %q or %q in:\n%s", "lifecycleevent "+name+" gone", "lifecycleevent "+name+" cancelled", r.stdout)
+	}
 	if !eventGone(name) {
 		t.Errorf("event %s still there after cancel --wait", name)
 	}
