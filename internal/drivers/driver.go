@@ -47,7 +47,22 @@ type Step struct {
 	// committed already took effect (intentBootID is the boot ID recorded
 	// with the intent).
 	Done func(ctx context.Context, rt Runtime, intentBootID string) (bool, error)
+	// UncordonsOwn marks the step that lifts this event's own cordon and
+	// only that one (not the uncordon driver's, which lifts any of the
+	// agent's): an event with one gives the node back only if its cordon
+	// step made the cordon (see CordonNotOurs), and the Node's conditions
+	// say back in service only then.
+	UncordonsOwn bool
 }
+
+// CordonLeft is what an UncordonsOwn step reports when its event owns no
+// cordon: the node's schedulability is left as it was.
+const CordonLeft = "no cordon of this event to lift; the node's schedulability is left as it is"
+
+// CordonNotOurs is the message the engine records on a cordon step that
+// found the node cordoned already (an earlier drain event's cordon, an
+// admin's): the event does not own it and its uncordon leaves it.
+const CordonNotOurs = "the node was cordoned already: not this event's cordon, left in place at its end"
 
 // Change is something the agent did and must undo if the event is aborted.
 type Change struct {

@@ -303,7 +303,7 @@ func (d GPUReset) Plan(m map[string]string) ([]Step, error) {
 	// before the event says Succeeded (and before the uncordon of a drain).
 	steps = append(steps, d.Readiness.step())
 	if p.drain {
-		steps = append(steps, Step{Name: gpuStepUncordon, NeedsAPI: true, Run: run(p.uncordon)})
+		steps = append(steps, Step{Name: gpuStepUncordon, NeedsAPI: true, UncordonsOwn: true, Run: run(p.uncordon)})
 	}
 	return steps, nil
 }

@@ -99,7 +99,7 @@ func (p *gpuResetPlan) verify(_ context.Context, rt Runtime) error {
 func (p *gpuResetPlan) uncordon(ctx context.Context, rt Runtime) error {
 	ch := Change{Kind: "cordon", Key: rt.Node()}
 	if !rt.Owns(ch) {
-		rt.Progress("the node was not cordoned by this event; leaving it as it is")
+		rt.Progress(CordonLeft)
 		return nil
 	}
 	if _, err := rt.API().Uncordon(ctx, rt.EventName(), false); err != nil {

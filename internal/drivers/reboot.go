@@ -278,13 +278,22 @@ func (c RebootConfig) waitFor(ctx context.Context, d time.Duration, cond func() 
 // condition. A timeout fails the step with the last API error, if any (an
 // unreachable API server makes it transient: the engine retries the step
 // until the event's deadline).
+//
+// In host.mode simulate the kubelet's boot ID is not compared: a simulated
+// reboot restarts no kubelet, so on a real node the kubelet goes on
+// reporting the machine's boot ID, never the simulated one, and every
+// simulated reboot would end in this step's timeout.
 func (c RebootConfig) readyStep() Step {
 	return Step{Name: "wait-ready", NeedsAPI: true, Run: func(ctx context.Context, rt Runtime) error {
 		timeout := orDefault(c.ReadyTimeout, DefaultReadyTimeout)
-		rt.Progress(fmt.Sprintf("waiting up to %s for the kubelet to report the node Ready in this boot", timeout))
+		boot, inBoot := rt.Host().BootID(), " in this boot"
+		if rt.Host().Simulated() {
+			boot, inBoot = "", " (simulate: its boot ID is not compared, no kubelet restarted)"
+		}
+		rt.Progress(fmt.Sprintf("waiting up to %s for the kubelet to report the node Ready%s", timeout, inBoot))
 		var last error
 		ready, err := c.waitFor(ctx, timeout, func() bool {
-			ok, err := rt.API().NodeReady(ctx, rt.Host().BootID())
+			ok, err := rt.API().NodeReady(ctx, boot)
 			last = err
 			return err == nil && ok
 		})
@@ -305,10 +314,10 @@ func (c RebootConfig) readyStep() Step {
 // uncordonOursStep lifts the cordon this event made (rt.Owns), and only
 // that one: a cordon someone else made, before or during the event, stays.
 func uncordonOursStep() Step {
-	return Step{Name: "uncordon", NeedsAPI: true, Run: func(ctx context.Context, rt Runtime) error {
+	return Step{Name: "uncordon", NeedsAPI: true, UncordonsOwn: true, Run: func(ctx context.Context, rt Runtime) error {
 		ch := Change{Kind: "cordon", Key: rt.Node()}
 		if !rt.Owns(ch) {
-			rt.Progress("no cordon of this event to lift; the node's schedulability is left as it is")
+			rt.Progress(CordonLeft)
 			return nil
 		}
 		changed, err := rt.API().Uncordon(ctx, rt.EventName(), false)

@@ -140,11 +140,21 @@ func (a *active) eventConditions(end journal.Outcome) []apiclient.NodeCondition 
 		start, stop = a.driver.Start(), a.driver.End()
 	}
 	state := map[string]v1alpha1.StepState{}
+	leftCordon := false // the node was cordoned already: its uncordon leaves it
 	for _, s := range steps {
 		state[s.Name] = s.State
+		if s.Name == "cordon" && s.Message == drivers.CordonNotOurs {
+			leftCordon = true
+		}
 	}
 	_, drains := state["evict"]
 	_, uncordons := state["uncordon"]
+	ownUncordon := false // its uncordon lifts only a cordon it made
+	for _, s := range a.steps {
+		if s.UncordonsOwn {
+			ownUncordon = true
+		}
+	}
 	done := func(n string) bool { return state[n] == v1alpha1.StepDone || state[n] == v1alpha1.StepSkipped }
 	maint, maintStarted := false, false
 	for _, s := range a.steps {
@@ -206,7 +216,11 @@ func (a *active) eventConditions(end journal.Outcome) []apiclient.NodeCondition 
 		switch {
 		case criteria && !done("uncordon") && (end == running || end == journal.OutcomeSucceeded && !uncordons):
 			out = append(out, cond(v1alpha1.NodeConditionDrained, true, ReasonDrainCompleted, msg("no evictable pod left on the node")))
-		case done("uncordon"):
+		case criteria && leftCordon && (end == running || end == journal.OutcomeSucceeded):
+			// Drained, and its uncordon leaves the cordon it found (an
+			// earlier drain event's, an admin's): not back in service.
+			out = append(out, cond(v1alpha1.NodeConditionDrained, true, ReasonDrainCompleted, msg("no evictable pod left on the node; the cordon it found stays")))
+		case done("uncordon") && !leftCordon:
 			out = append(out, cond(v1alpha1.NodeConditionDrained, false, ReasonReturnedToService, msg("uncordoned: back in service")))
 		case criteria && a.returned:
 			// A later step failed (or the event was cancelled) after the
@@ -215,9 +229,10 @@ func (a *active) eventConditions(end journal.Outcome) []apiclient.NodeCondition 
 		default:
 			out = append(out, cond(v1alpha1.NodeConditionDrained, false, ReasonDrainIncomplete, msg("drain criteria not met")))
 		}
-	} else if !drains && uncordons && end == journal.OutcomeSucceeded {
+	} else if !drains && uncordons && !ownUncordon && end == journal.OutcomeSucceeded {
 		// The uncordon driver: the node is back in service. (Failed, it
-		// leaves Drained as an earlier drain set it.)
+		// leaves Drained as an earlier drain set it. A reboot without
+		// its drain made no cordon and lifts none: Drained stays too.)
 		out = append(out, cond(v1alpha1.NodeConditionDrained, false, ReasonReturnedToService, msg("uncordoned: back in service")))
 	}
 	if maint && maintStarted {

@@ -424,7 +424,17 @@ func (e *Engine) runStep(ctx context.Context, a *active, i, attempt int, rt *ste
 	if err != nil {
 		return err
 	}
-	return e.stepDone(a, i, attempt, "")
+	msg := ""
+	if s.Name == "cordon" && !rt.Owns(drivers.Change{Kind: "cordon", Key: e.cfg.Node}) {
+		// The node was cordoned already (an earlier drain event's cordon,
+		// an admin's): this event's uncordon will leave it, and its done
+		// record and status say so, which the Node's conditions read
+		// (eventConditions: not back in service at the end). Decided here,
+		// not at the uncordon, where a restart after the lift but before
+		// its done record would find nothing owned either.
+		msg = drivers.CordonNotOurs
+	}
+	return e.stepDone(a, i, attempt, msg)
 }
 
 func (e *Engine) stepDone(a *active, i, attempt int, msg string) error {

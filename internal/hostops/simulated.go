@@ -38,6 +38,13 @@ const (
 	// SimulatedKernelKey is the kernel release's key in
 	// SimulatedOSReleaseFile.
 	SimulatedKernelKey = "KERNEL_RELEASE"
+	// SimulatedHostBootIDFile records the real host's boot ID the
+	// simulated boot began in. NewSimulated finds another one there after
+	// the machine really rebooted (an admin's reboot, a power cut): that
+	// is a new boot for the simulated host too, so it gets a new simulated
+	// boot ID. Without it a shutdown journaled before a real reboot looked
+	// like one still under way, and its cordon was never lifted.
+	SimulatedHostBootIDFile = "simulated-host-boot-id"
 
 	// DefaultMaxActions bounds the actions a Simulated keeps in memory.
 	DefaultMaxActions = 1000
@@ -49,9 +56,9 @@ type SimulatedConfig struct {
 	// constants); created 0700 if missing. Required. The agent uses a
 	// directory under its StateDirectory (/var/lib/lifecycle-agent).
 	StateDir string
-	// Paths are read for the boot time, and for os-release and the kernel
-	// release when the simulated files do not give them; the zero value
-	// reads the real host (read-only).
+	// Paths are read for the real boot ID and boot time, and for
+	// os-release and the kernel release when the simulated files do not
+	// give them; the zero value reads the real host (read-only).
 	Paths host.Paths
 	// MaxActions bounds the recorded actions (the oldest go first). Zero:
 	// DefaultMaxActions.
@@ -96,8 +103,9 @@ type Simulated struct {
 var _ drivers.HostOps = (*Simulated)(nil)
 
 // NewSimulated creates StateDir if needed and reads the simulated boot ID,
-// making one on first use. A boot ID file that does not hold a UUID is an
-// error.
+// making one on first use and a new one when the real host has rebooted
+// since (SimulatedHostBootIDFile). A boot ID file that does not hold a
+// UUID is an error.
 func NewSimulated(cfg SimulatedConfig) (*Simulated, error) {
 	if cfg.StateDir == "" {
 		return nil, errors.New("hostops: SimulatedConfig.StateDir is required")
@@ -119,18 +127,49 @@ func NewSimulated(cfg SimulatedConfig) (*Simulated, error) {
 	id, err := host.Paths{BootIDFile: s.bootIDFile}.BootID()
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
-		if id, err = newUUID(); err != nil {
-			return nil, fmt.Errorf("hostops: simulated boot ID: %w", err)
-		}
-		if err := host.WriteFileAtomic(s.bootIDFile, []byte(id+"\n"), 0o600); err != nil {
-			return nil, fmt.Errorf("hostops: simulated boot ID: %w", err)
+		if id, err = s.newBoot(); err != nil {
+			return nil, err
 		}
 		s.log.Info("simulated boot ID created", "boot_id", id, "path", s.bootIDFile)
 	case err != nil:
 		return nil, fmt.Errorf("hostops: simulated boot ID: %w", err)
 	}
+	// The real host rebooted since the simulated boot began: so did the
+	// simulated host.
+	hostFile := filepath.Join(cfg.StateDir, SimulatedHostBootIDFile)
+	real, rerr := cfg.Paths.BootID()
+	was, werr := host.Paths{BootIDFile: hostFile}.BootID()
+	switch {
+	case rerr != nil:
+		s.log.Warn("the real boot ID cannot be read: a real reboot will not start a new simulated boot", "err", rerr)
+	case werr == nil && was != real:
+		before := id
+		if id, err = s.newBoot(); err != nil {
+			return nil, err
+		}
+		s.log.Info("the machine rebooted since the simulated boot began: a new simulated boot", "from", before, "to", id, "host_boot_id", real)
+	case werr != nil && !errors.Is(werr, fs.ErrNotExist):
+		return nil, fmt.Errorf("hostops: %s: %w", hostFile, werr)
+	}
+	if rerr == nil && was != real {
+		if err := host.WriteFileAtomic(hostFile, []byte(real+"\n"), 0o600); err != nil {
+			return nil, fmt.Errorf("hostops: simulated boot ID: %w", err)
+		}
+	}
 	s.bootID = id
 	return s, nil
+}
+
+// newBoot writes a new simulated boot ID and returns it.
+func (s *Simulated) newBoot() (string, error) {
+	id, err := newUUID()
+	if err != nil {
+		return "", fmt.Errorf("hostops: simulated boot ID: %w", err)
+	}
+	if err := host.WriteFileAtomic(s.bootIDFile, []byte(id+"\n"), 0o600); err != nil {
+		return "", fmt.Errorf("hostops: simulated boot ID: %w", err)
+	}
+	return id, nil
 }
 
 // Simulated is true.

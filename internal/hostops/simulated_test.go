@@ -71,6 +71,51 @@ func TestSimulatedRebootChangesBootIDAcrossRestarts(t *testing.T) {
 	}
 }
 
+// A real reboot of the machine (an admin's, a power cut) is a new boot for
+// the simulated host too: without it, a shutdown journaled before it stayed
+// "under way" in the same simulated boot and its cordon was never lifted.
+func TestSimulatedNewBootAfterARealReboot(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "state")
+	paths := hostFiles(t)
+	open := func(logs *bytes.Buffer) *Simulated {
+		t.Helper()
+		cfg := SimulatedConfig{StateDir: dir, Paths: paths}
+		if logs != nil {
+			cfg.Logger = slog.New(slog.NewTextHandler(logs, nil))
+		}
+		s, err := NewSimulated(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	first := open(nil).BootID()
+	if got := open(nil).BootID(); got != first {
+		t.Fatalf("an agent restarted in the same real boot sees %q, want %q", got, first)
+	}
+	// The machine reboots: a new real boot ID.
+	writeFile(t, paths.BootIDFile, "99999999-8888-4777-8666-555555555555\n")
+	var logs bytes.Buffer
+	second := open(&logs).BootID()
+	if second == first || len(second) != 36 {
+		t.Fatalf("after a real reboot the simulated boot ID is %q (before %q), want a new one", second, first)
+	}
+	if !strings.Contains(logs.String(), "the machine rebooted since the simulated boot began") {
+		t.Errorf("no log line for the new simulated boot:\n%s", logs.String())
+	}
+	if got := open(nil).BootID(); got != second {
+		t.Errorf("restarted again in that real boot: %q, want %q", got, second)
+	}
+	// The real boot ID unreadable: said, and the simulated boot kept.
+	if err := os.Remove(paths.BootIDFile); err != nil {
+		t.Fatal(err)
+	}
+	logs.Reset()
+	if got := open(&logs).BootID(); got != second || !strings.Contains(logs.String(), "the real boot ID cannot be read") {
+		t.Errorf("real boot ID unreadable: simulated %q (want %q), log:\n%s", got, second, logs.String())
+	}
+}
+
 func TestNewSimulatedRefusesABadBootID(t *testing.T) {
 	dir := t.TempDir()
 	writeFile(t, filepath.Join(dir, SimulatedBootIDFile), "not-a-uuid\n")

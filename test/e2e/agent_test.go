@@ -23,6 +23,7 @@ import (
 	"github.com/lifecycle-agent/lifecycle-agent/internal/config"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/drivers"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/engine"
+	"github.com/lifecycle-agent/lifecycle-agent/internal/host"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/hostops"
 	"github.com/lifecycle-agent/lifecycle-agent/test/testenv"
 )
@@ -66,6 +67,9 @@ type agentOpts struct {
 	configure func(*config.Config)
 	// rest replaces the node's own client config (e.g. through a CutProxy).
 	rest *rest.Config
+	// hostBootID, when set, is the file the simulated host reads as the
+	// machine's boot ID (/proc/sys/kernel/random/boot_id otherwise).
+	hostBootID string
 }
 
 // exe is the test binary itself, re-executed as the journal's integrity
@@ -103,7 +107,7 @@ func startAgent(t *testing.T, node string, o agentOpts) *testAgent {
 	}
 	buf := &syncBuffer{}
 	log := slog.New(slog.NewTextHandler(io.MultiWriter(buf), &slog.HandlerOptions{Level: slog.LevelDebug}))
-	host, err := hostops.NewSimulated(hostops.SimulatedConfig{StateDir: dir, Logger: log})
+	host, err := hostops.NewSimulated(hostops.SimulatedConfig{StateDir: dir, Logger: log, Paths: hostPaths(o.hostBootID)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -243,3 +247,6 @@ func transitionName(node, short string) string { return node + "-" + short }
 var _ = engine.TransitionName
 var _ = apiclient.BindingNodeSelector
 var _ = fmt.Sprintf
+
+// hostPaths reads the machine's boot ID from bootID when set.
+func hostPaths(bootID string) host.Paths { return host.Paths{BootIDFile: bootID} }

@@ -59,6 +59,29 @@ func TestNodeConditionSequences(t *testing.T) {
 		}, mip, planned)
 	})
 
+	// A pipeline's drain, reboot, uncordon: the reboot's own drain finds
+	// the drain event's cordon and leaves it (its uncordon lifts only its
+	// own), so the node is still cordoned when the reboot ends. Its end
+	// said Drained=False/ReturnedToService, "back in service", while the
+	// Node was unschedulable; now Drained stays True until the uncordon.
+	t.Run("reboot after a drain leaves the drain's cordon, still Drained", func(t *testing.T) {
+		m := rec.Mark()
+		createEvent(t, "cond-reboot-drained", node, transitionName(node, "reboot"), nil, nil)
+		ev := waitEvent(t, "cond-reboot-drained", time.Minute)
+		if ev.Status.ClaimStatus != v1alpha1.LifecycleEventSucceeded {
+			t.Fatalf("reboot: %s %s", ev.Status.ClaimStatus, ev.Status.Message)
+		}
+		if !strings.Contains(stepMessages(ev), "cordon: "+drivers.CordonNotOurs) {
+			t.Errorf("the reboot's cordon step does not say the cordon was not its own: %s", stepMessages(ev))
+		}
+		rec.Expect(t, m, []string{lt + "=True/RebootStarted", drained + "=True/DrainCompleted", lt + "=False/RebootComplete"},
+			drained+"=False/ReturnedToService", mip+"=False/EventFailed")
+		n := getNode(t, node)
+		if c := nodeCondition(n, drained); !n.Spec.Unschedulable || c == nil || c.Status != "True" || !strings.Contains(c.Message, "the cordon it found stays") {
+			t.Errorf("after the reboot: unschedulable %v, Drained %+v; want the drain event's cordon and Drained=True", n.Spec.Unschedulable, c)
+		}
+	})
+
 	t.Run("uncordon puts the node back in service", func(t *testing.T) {
 		m := rec.Mark()
 		createEvent(t, "cond-uncordon", node, transitionName(node, "uncordon"), nil, nil)
@@ -251,4 +274,13 @@ func TestOneClaimedEventPerNode(t *testing.T) {
 	if ev := waitEvent(t, "third-party-mine", time.Minute); ev.Status.ClaimStatus != v1alpha1.LifecycleEventSucceeded {
 		t.Fatalf("after the blocker ended: %s %s", ev.Status.ClaimStatus, ev.Status.Message)
 	}
+}
+
+// stepMessages lists an event's steps as "name: message" lines.
+func stepMessages(ev *v1alpha1.LifecycleEvent) string {
+	var b strings.Builder
+	for _, s := range ev.Status.Steps {
+		b.WriteString(s.Name + ": " + s.Message + "\n")
+	}
+	return b.String()
 }

@@ -78,7 +78,7 @@ func TestShutdownNextBootWaitsUntilReady(t *testing.T) {
 		r.setPodReady(false)
 		r.setGPUs(0)
 	})
-	_, n := waitShutdownCondition(t, node, corev1.ConditionTrue, "ShuttingDown", "node restarted after a shutdown", "for the kubelet to report the node Ready in this boot")
+	_, n := waitShutdownCondition(t, node, corev1.ConditionTrue, "ShuttingDown", "node restarted after a shutdown", "for the kubelet to report the node Ready")
 	if !n.Spec.Unschedulable || n.Annotations[v1alpha1.AnnotationCordonedBy] != "shutdown" {
 		t.Fatalf("uncordoned before the kubelet reported the node Ready: unschedulable=%v %v", n.Spec.Unschedulable, n.Annotations)
 	}
