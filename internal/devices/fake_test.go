@@ -26,6 +26,7 @@ type gpuState struct {
 	compute        []uint32
 	graphics       []uint32
 	procRet        nvml.Return
+	graphicsRet    nvml.Return // the graphics list's alone, when procRet is SUCCESS
 	migCurrent     int
 	retiredPending nvml.EnableState
 	retiredRet     nvml.Return
@@ -256,8 +257,11 @@ func (f *fleet) wireDevice(i int) {
 	}
 	d.GetGraphicsRunningProcessesFunc = func() ([]nvml.ProcessInfo, nvml.Return) {
 		f.mu.Lock()
-		p := st().graphics
+		p, ret := st().graphics, st().graphicsRet
 		f.mu.Unlock()
+		if ret != nvml.SUCCESS {
+			return nil, ret
+		}
 		return procs(p)
 	}
 	d.GetMigModeFunc = func() (int, int, nvml.Return) {

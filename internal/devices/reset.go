@@ -106,16 +106,19 @@ func (m *Manager) Preconditions(uuids []string) (PreconditionReport, error) {
 		if g.Lost {
 			block(g, "GPU is lost (ERROR_GPU_IS_LOST); a reset cannot be prepared, reboot the node")
 		}
+		if len(g.ComputePIDs) > 0 || len(g.GraphicsPIDs) > 0 {
+			// Known even when the other list was not read.
+			block(g, "processes running (%s)", pidList(g.ComputePIDs, g.GraphicsPIDs))
+		}
 		switch {
-		case !g.ProcessesKnown && g.ProcessesResetRequired && !g.Lost:
+		case g.ProcessesKnown:
+		case g.Lost:
+			// Blocked above: a lost GPU answers nothing.
+		case g.ProcessesResetRequired:
 			rep.Notes = append(rep.Notes, gpuLabel(g.UUID, g.Index)+
 				": process list unreadable: the GPU requires a reset (ERROR_RESET_REQUIRED); no process may hold its device node at the reset")
-		case !g.ProcessesKnown && g.Lost:
-			// Blocked above: a lost GPU answers nothing.
-		case !g.ProcessesKnown:
+		default:
 			block(g, "process list unavailable%s", readErrSuffix(g, "GetComputeRunningProcesses", "GetGraphicsRunningProcesses"))
-		case len(g.ComputePIDs) > 0 || len(g.GraphicsPIDs) > 0:
-			block(g, "processes running (%s)", pidList(g.ComputePIDs, g.GraphicsPIDs))
 		}
 		if g.MIGCurrent == TriTrue {
 			block(g, "MIG enabled; destroy its GPU instances and disable MIG first")

@@ -62,6 +62,32 @@ func TestPreconditions(t *testing.T) {
 			},
 		},
 		{
+			// The compute list read, the graphics list not: the PIDs
+			// known are named, and the unread list is the note it is.
+			name: "compute PIDs beside a graphics list answering RESET_REQUIRED", arch: archH100, sel: []int{2},
+			mod: map[int]func(*gpuState){2: func(g *gpuState) {
+				g.compute = []uint32{4242}
+				g.graphicsRet = nvml.ERROR_RESET_REQUIRED
+			}},
+			wantNVSwitch: true,
+			wantBlockers: []string{"{2} (index 2): processes running (compute PIDs 4242)"},
+			check: func(t *testing.T, r PreconditionReport) {
+				if len(r.Notes) != 1 {
+					t.Errorf("notes = %q, want the unread graphics list's", r.Notes)
+				}
+			},
+		},
+		{
+			name: "compute PIDs beside a graphics list that fails otherwise", arch: archH100, sel: []int{2},
+			mod: map[int]func(*gpuState){2: func(g *gpuState) {
+				g.compute = []uint32{4242}
+				g.graphicsRet = nvml.ERROR_UNKNOWN
+			}},
+			wantNVSwitch: true,
+			wantBlockers: []string{"{2} (index 2): processes running (compute PIDs 4242)",
+				"{2} (index 2): process list unavailable (GetGraphicsRunningProcesses: ERROR_UNKNOWN)"},
+		},
+		{
 			name: "a lost GPU is blocked once", arch: archH100, sel: []int{2},
 			mod:          map[int]func(*gpuState){2: func(g *gpuState) { g.procRet = nvml.ERROR_GPU_IS_LOST }},
 			wantNVSwitch: true,

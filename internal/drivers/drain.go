@@ -65,7 +65,7 @@ func (d Drain) Plan(m map[string]string) ([]Step, error) {
 // that drain first (reboot, os-upgrade, gpu-reset).
 func DrainSteps(o apiclient.DrainOptions) []Step {
 	return []Step{
-		{Name: "cordon", NeedsAPI: true, Disruptive: true, Run: cordonStep},
+		{Name: "cordon", NeedsAPI: true, Disruptive: true, Cordons: true, Run: cordonStep},
 		{Name: "evict", NeedsAPI: true, Disruptive: true, Run: func(ctx context.Context, rt Runtime) error {
 			o := o
 			o.OnBlocked = rt.Progress

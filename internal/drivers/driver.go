@@ -47,6 +47,10 @@ type Step struct {
 	// committed already took effect (intentBootID is the boot ID recorded
 	// with the intent).
 	Done func(ctx context.Context, rt Runtime, intentBootID string) (bool, error)
+	// Cordons marks the drain's cordon step (cordonStep): when it ends
+	// without owning the node's cordon (the node was cordoned already) the
+	// engine records CordonNotOurs as its message.
+	Cordons bool
 	// UncordonsOwn marks the step that lifts this event's own cordon and
 	// only that one (not the uncordon driver's, which lifts any of the
 	// agent's): an event with one gives the node back only if its cordon

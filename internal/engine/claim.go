@@ -886,8 +886,14 @@ func (e *Engine) rebuiltSteps(a *active) []journal.StepRecord {
 			State: journal.StepRunning, Attempt: attempt, BootID: boot, Message: "rebuilt from the event's status"})
 		switch end {
 		case journal.StepDone, journal.StepSkipped:
+			// Its message as the status has it: what the conditions read
+			// from it (drivers.CordonNotOurs) must survive the rebuild.
+			msg := st.Message
+			if msg == "" {
+				msg = "rebuilt from the event's status"
+			}
 			out = append(out, journal.StepRecord{Step: st.Name, Phase: journal.PhaseDone,
-				State: end, Attempt: attempt, BootID: boot, Message: "rebuilt from the event's status"})
+				State: end, Attempt: attempt, BootID: boot, Message: msg})
 		case journal.StepFailed:
 			// Its message is the failure's: the abort and the end say it.
 			msg := st.Message

@@ -216,9 +216,10 @@ func (a *active) eventConditions(end journal.Outcome) []apiclient.NodeCondition 
 		switch {
 		case criteria && !done("uncordon") && (end == running || end == journal.OutcomeSucceeded && !uncordons):
 			out = append(out, cond(v1alpha1.NodeConditionDrained, true, ReasonDrainCompleted, msg("no evictable pod left on the node")))
-		case criteria && leftCordon && (end == running || end == journal.OutcomeSucceeded):
-			// Drained, and its uncordon leaves the cordon it found (an
-			// earlier drain event's, an admin's): not back in service.
+		case criteria && leftCordon:
+			// Drained, and its uncordon, or its abort, leaves the cordon
+			// it found (an earlier drain event's, an admin's): not back in
+			// service, however it ends.
 			out = append(out, cond(v1alpha1.NodeConditionDrained, true, ReasonDrainCompleted, msg("no evictable pod left on the node; the cordon it found stays")))
 		case done("uncordon") && !leftCordon:
 			out = append(out, cond(v1alpha1.NodeConditionDrained, false, ReasonReturnedToService, msg("uncordoned: back in service")))

@@ -425,7 +425,7 @@ func (e *Engine) runStep(ctx context.Context, a *active, i, attempt int, rt *ste
 		return err
 	}
 	msg := ""
-	if s.Name == "cordon" && !rt.Owns(drivers.Change{Kind: "cordon", Key: e.cfg.Node}) {
+	if s.Cordons && e.ownsNot(a.uid, change(rt, drivers.Change{Kind: "cordon", Key: e.cfg.Node}).Key()) {
 		// The node was cordoned already (an earlier drain event's cordon,
 		// an admin's): this event's uncordon will leave it, and its done
 		// record and status say so, which the Node's conditions read

@@ -134,6 +134,21 @@ func (s *shutdownRuntime) StepStarted() time.Time {
 // owns reports whether the journal holds the owned change key for uid.
 func (e *Engine) owns(uid, key string) bool { return uid != "" && e.ownedBy(key) == uid }
 
+// ownsNot reports whether the journal says, read without error, that uid
+// does not own key (a journal it cannot read says nothing).
+func (e *Engine) ownsNot(uid, key string) bool {
+	cs, err := e.cfg.Journal.Owned()
+	if err != nil {
+		return false
+	}
+	for _, c := range cs {
+		if c.Key() == key && c.EventUID == uid {
+			return false
+		}
+	}
+	return true
+}
+
 // ownedBy is the event UID of the owned change key ("": none, or the
 // journal cannot be read).
 func (e *Engine) ownedBy(key string) string {

@@ -117,12 +117,22 @@ func TestRebuiltStepsFailed(t *testing.T) {
 	e := newOfflineEngine(t, clk)
 	for _, tc := range []struct {
 		step, want string
+		state      v1alpha1.StepState
+		msg        string
 	}{
 		{step: "verify", want: "verify:intent verify:Failed(the target was not reached)"},
 		{step: drivers.StepWaitWorkloads, want: drivers.StepWaitWorkloads + ":intent"},
+		// A Done step's message is kept: the conditions read the cordon
+		// step's (a lost journal gave "back in service" on a node left
+		// cordoned by an earlier drain event).
+		{step: "cordon", state: v1alpha1.StepDone, msg: drivers.CordonNotOurs, want: "cordon:intent cordon:Done(" + drivers.CordonNotOurs + ")"},
 	} {
 		a := &active{name: "ev", uid: "uid-1"}
-		a.status.Steps = []v1alpha1.StepStatus{{Name: tc.step, State: v1alpha1.StepFailed, Attempt: 1, Message: "the target was not reached"}}
+		state, msg := v1alpha1.StepFailed, "the target was not reached"
+		if tc.state != "" {
+			state, msg = tc.state, tc.msg
+		}
+		a.status.Steps = []v1alpha1.StepStatus{{Name: tc.step, State: state, Attempt: 1, Message: msg}}
 		var got []string
 		for _, r := range e.rebuiltSteps(a) {
 			s := r.Step + ":intent"
@@ -132,7 +142,7 @@ func TestRebuiltStepsFailed(t *testing.T) {
 			got = append(got, s)
 		}
 		if strings.Join(got, " ") != tc.want {
-			t.Errorf("%s Failed in the status, rebuilt as %q, want %q", tc.step, got, tc.want)
+			t.Errorf("%s in the status, rebuilt as %q, want %q", tc.step, got, tc.want)
 		}
 	}
 }

@@ -69,6 +69,13 @@
 //     a restarted agent's replay sees it too. BootID re-reads the file, so
 //     writing a new UUID into it from outside simulates a reboot by someone
 //     else (os-upgrade's external mode).
+//   - simulated-host-boot-id: the real machine's boot ID when the
+//     simulated boot began. A real reboot (an admin's, a power cut) is a
+//     new simulated boot too: NewSimulated finds another real boot ID and
+//     writes a new simulated one, so a shutdown journaled before it is
+//     closed out. Absent (a state directory from before it was kept), a
+//     simulated-boot-id file older than the machine's boot time means the
+//     same; unreadable, it is written anew (a hint, not a refusal).
 //   - BootTime is the real host's: a simulated reboot restarts no pod, so
 //     no pod status is left from an earlier boot.
 //   - simulated-os-release (optional): os-release(5) syntax; VERSION_ID is

@@ -139,19 +139,33 @@ func NewSimulated(cfg SimulatedConfig) (*Simulated, error) {
 	hostFile := filepath.Join(cfg.StateDir, SimulatedHostBootIDFile)
 	real, rerr := cfg.Paths.BootID()
 	was, werr := host.Paths{BootIDFile: hostFile}.BootID()
+	rebooted := false
 	switch {
 	case rerr != nil:
 		s.log.Warn("the real boot ID cannot be read: a real reboot will not start a new simulated boot", "err", rerr)
-	case werr == nil && was != real:
+	case werr == nil:
+		rebooted = was != real
+	case errors.Is(werr, fs.ErrNotExist):
+		// Kept by an agent that did not record the real boot (an upgrade):
+		// a simulated boot ID written before the machine's boot time
+		// dates from an earlier boot.
+		if fi, err := os.Stat(s.bootIDFile); err == nil {
+			if bt, err := cfg.Paths.BootTime(); err == nil && fi.ModTime().Before(bt) {
+				rebooted = true
+			}
+		}
+	default:
+		// Only a hint: said, and written anew.
+		s.log.Warn("the recorded real boot ID cannot be read; recording it again", "path", hostFile, "err", werr)
+	}
+	if rebooted {
 		before := id
 		if id, err = s.newBoot(); err != nil {
 			return nil, err
 		}
 		s.log.Info("the machine rebooted since the simulated boot began: a new simulated boot", "from", before, "to", id, "host_boot_id", real)
-	case werr != nil && !errors.Is(werr, fs.ErrNotExist):
-		return nil, fmt.Errorf("hostops: %s: %w", hostFile, werr)
 	}
-	if rerr == nil && was != real {
+	if rerr == nil && (werr != nil || was != real) {
 		if err := host.WriteFileAtomic(hostFile, []byte(real+"\n"), 0o600); err != nil {
 			return nil, fmt.Errorf("hostops: simulated boot ID: %w", err)
 		}

@@ -116,6 +116,53 @@ func TestSimulatedNewBootAfterARealReboot(t *testing.T) {
 	}
 }
 
+// After an upgrade from an agent that did not record the real boot ID: a
+// simulated boot ID file older than the machine's boot dates from an
+// earlier boot (a new simulated boot); a newer one is this boot's (kept).
+// A recorded real boot ID that cannot be read is only a hint: the agent
+// says so and starts.
+func TestSimulatedHostBootRecordMissingOrBad(t *testing.T) {
+	paths := hostFiles(t) // btime 1765000000
+	const kept = "11111111-2222-4333-8444-555555555555"
+	for _, tc := range []struct {
+		name     string
+		mtime    time.Time // of the simulated boot ID file
+		hostFile string    // its content; "" absent
+		newBoot  bool
+		log      string
+	}{
+		{name: "upgrade, written before this boot", mtime: time.Unix(1764000000, 0), newBoot: true, log: "the machine rebooted since the simulated boot began"},
+		{name: "upgrade, written in this boot", mtime: time.Unix(1766000000, 0)},
+		{name: "record not a boot ID", mtime: time.Unix(1766000000, 0), hostFile: "garbage\n", log: "the recorded real boot ID cannot be read; recording it again"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			idFile := filepath.Join(dir, SimulatedBootIDFile)
+			writeFile(t, idFile, kept+"\n")
+			if err := os.Chtimes(idFile, tc.mtime, tc.mtime); err != nil {
+				t.Fatal(err)
+			}
+			if tc.hostFile != "" {
+				writeFile(t, filepath.Join(dir, SimulatedHostBootIDFile), tc.hostFile)
+			}
+			var logs bytes.Buffer
+			s, err := NewSimulated(SimulatedConfig{StateDir: dir, Paths: paths, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+			if err != nil {
+				t.Fatalf("NewSimulated: %v", err)
+			}
+			if got := s.BootID(); (got != kept) != tc.newBoot {
+				t.Errorf("simulated boot ID %q (was %q), want a new one: %v", got, kept, tc.newBoot)
+			}
+			if tc.log != "" && !strings.Contains(logs.String(), tc.log) {
+				t.Errorf("log has no %q:\n%s", tc.log, logs.String())
+			}
+			if b, err := os.ReadFile(filepath.Join(dir, SimulatedHostBootIDFile)); err != nil || strings.TrimSpace(string(b)) != testBootID {
+				t.Errorf("real boot ID recorded: %q, %v; want %q", b, err, testBootID)
+			}
+		})
+	}
+}
+
 func TestNewSimulatedRefusesABadBootID(t *testing.T) {
 	dir := t.TempDir()
 	writeFile(t, filepath.Join(dir, SimulatedBootIDFile), "not-a-uuid\n")
