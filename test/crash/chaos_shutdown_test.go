@@ -135,6 +135,8 @@ func runShutdownSchedule(t *testing.T, s schedule, rng *rand.Rand) {
 		cur.Store(a)
 	}
 	waitFor(t, "the agent's delay lock", 30*time.Second, a, func() bool { return heldDelay(logind) == 1 })
+	// Read here, the baseline may come before the start's watches (the
+	// delay lock is taken early): see the leak check at the end.
 	baseline, err := goroutines(a)
 	if err != nil {
 		t.Fatal(err)
@@ -333,9 +335,8 @@ func runShutdownSchedule(t *testing.T, s schedule, rng *rand.Rand) {
 	end, err := settledGoroutines(a, baseline+goroutineSlack)
 	if err != nil {
 		t.Error(err)
-	} else if end > baseline+goroutineSlack {
-		t.Errorf("%d goroutines at rest after the shutdown, %d before it (slack %d): a leak", end, baseline, goroutineSlack)
 	}
+	over := err == nil && end > baseline+goroutineSlack
 	if n.Spec.Unschedulable || n.Annotations[v1alpha1.AnnotationCordonedBy] != "" {
 		t.Errorf("node left unschedulable=%v cordoned-by=%q", n.Spec.Unschedulable, n.Annotations[v1alpha1.AnnotationCordonedBy])
 	}
@@ -369,12 +370,45 @@ func runShutdownSchedule(t *testing.T, s schedule, rng *rand.Rand) {
 	case last != nil && last.Outcome != wantOutcome:
 		t.Errorf("the journal's last shutdown ended %v (%s); want %v", last.Outcome, last.Message, wantOutcome)
 	}
+	if over {
+		// The baseline was read while the first start was still under way
+		// (make test at 4bb8cb5 on a loaded machine: 15 goroutines
+		// "starting", 39 at rest): what counts is a fresh agent at rest on
+		// this journal. Only more than that is a leak.
+		ref := freshAtRest(t, c)
+		if end > max(baseline, ref)+goroutineSlack {
+			t.Errorf("%d goroutines at rest after the shutdown, %d before it, %d in a fresh agent at rest (slack %d): a leak", end, baseline, ref, goroutineSlack)
+		}
+		baseline = max(baseline, ref)
+	}
 	endName := "down and back"
 	if cancelled {
 		endName = "cancelled"
 	}
 	t.Logf("%s: ended %s, delay lock(s) released %s after the announcement, %d crash(es), %d agent run(s), goroutines %d→%d",
 		s, endName, held.Round(time.Millisecond), crashes, c.runs, baseline, end)
+}
+
+// freshAtRest starts the case's agent again and returns its goroutines at
+// rest (idle, settled), then stops it.
+func freshAtRest(t *testing.T, c *crashCase) int {
+	t.Helper()
+	a := c.start(t, "")
+	defer func() {
+		if err := a.stop(20 * time.Second); err != nil {
+			t.Error(err)
+		}
+	}()
+	waitFor(t, "a fresh agent idle", 30*time.Second, a, func() bool {
+		st, err := statusFromSocket(context.Background(), c.socket())
+		return err == nil && st.State == "idle"
+	})
+	time.Sleep(goroutineSettle) // its watches and connections up
+	n, err := goroutines(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
 }
 
 // exportAfterStop stops the agent (exit 0 on SIGTERM is invariant 5) and
