@@ -11,7 +11,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/util/retry"
 
 	"github.com/lifecycle-agent/lifecycle-agent/api/v1alpha1"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/config"
@@ -69,14 +68,7 @@ func TestReimagedNodeTakesOverItsEvent(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		n := getNode(t, node)
-		n.Status.NodeInfo.BootID = bootNew
-		_, err := cs.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{})
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
+	setNodeBootID(t, node, bootNew)
 	holder := func() string {
 		ev, err := lc.Events.Get(ctx, "reimage-1", metav1.GetOptions{})
 		if err != nil || ev.Status.Holder == nil {

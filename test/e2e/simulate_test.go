@@ -32,8 +32,6 @@ import (
 func TestSimulateModeRealReboot(t *testing.T) {
 	node := "simulate-real-reboot"
 	newNode(t, node)
-	ctx := context.Background()
-	cs := kubernetes.NewForConfigOrDie(env.AdminConfig())
 	const bootA, bootB = "6a1b2c3d-0000-4000-8000-00000000000a", "6a1b2c3d-0000-4000-8000-00000000000b"
 	hostBoot := filepath.Join(t.TempDir(), "boot_id")
 	setBoot := func(id string) {
@@ -41,15 +39,7 @@ func TestSimulateModeRealReboot(t *testing.T) {
 		if err := os.WriteFile(hostBoot, []byte(id+"\n"), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		// The kubelet of that boot reports it.
-		if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-			n := getNode(t, node)
-			n.Status.NodeInfo.BootID = id
-			_, err := cs.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{})
-			return err
-		}); err != nil {
-			t.Fatal(err)
-		}
+		setNodeBootID(t, node, id) // the kubelet of that boot reports it
 	}
 	setBoot(bootA)
 	srv := logindtest.Start(t, logindtest.Options{InhibitDelayMax: 30 * time.Second})
@@ -77,5 +67,20 @@ func TestSimulateModeRealReboot(t *testing.T) {
 		if !strings.Contains(log, want) {
 			t.Errorf("the agent's log has no %q:\n%s", want, log)
 		}
+	}
+}
+
+// setNodeBootID writes status.nodeInfo.bootID, as the node's kubelet does
+// when it starts in a boot.
+func setNodeBootID(t *testing.T, node, id string) {
+	t.Helper()
+	cs := kubernetes.NewForConfigOrDie(env.AdminConfig())
+	if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		n := getNode(t, node)
+		n.Status.NodeInfo.BootID = id
+		_, err := cs.CoreV1().Nodes().UpdateStatus(context.Background(), n, metav1.UpdateOptions{})
+		return err
+	}); err != nil {
+		t.Fatal(err)
 	}
 }
