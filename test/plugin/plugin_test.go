@@ -111,6 +111,13 @@ func TestDrainRebootUncordon(t *testing.T) {
 		wantExit(t, r, 0, "reboot")
 		wantContains(t, r.stdout, "step reboot", "reboot output")
 		rebooted = true
+		// The reboot's drain found the drain event's cordon and left it:
+		// the node is still cordoned, and still Drained (it said
+		// ReturnedToService, "back in service", before 4bb8cb5).
+		n := getNode(t, node)
+		if c := nodeCondition(n, v1alpha1.NodeConditionDrained); !n.Spec.Unschedulable || c == nil || c.Status != corev1.ConditionTrue {
+			t.Errorf("after the reboot: unschedulable %v, Drained %+v; want the drain event's cordon kept and Drained=True", n.Spec.Unschedulable, c)
+		}
 	}
 
 	// uncordon
