@@ -149,15 +149,11 @@ func (a *active) eventConditions(end journal.Outcome) []apiclient.NodeCondition 
 	}
 	_, drains := state["evict"]
 	_, uncordons := state["uncordon"]
-	ownUncordon := false // its uncordon lifts only a cordon it made
-	for _, s := range a.steps {
-		if s.UncordonsOwn {
-			ownUncordon = true
-		}
-	}
 	done := func(n string) bool { return state[n] == v1alpha1.StepDone || state[n] == v1alpha1.StepSkipped }
 	maint, maintStarted := false, false
+	ownUncordon := false // its uncordon lifts only a cordon it made
 	for _, s := range a.steps {
+		ownUncordon = ownUncordon || s.UncordonsOwn
 		if s.Disruptive && !drainStep(s.Name) {
 			maint = true
 			if st, ok := state[s.Name]; ok && st != v1alpha1.StepPending {

@@ -137,31 +137,29 @@ func (e *Engine) owns(uid, key string) bool { return uid != "" && e.ownedBy(key)
 // ownsNot reports whether the journal says, read without error, that uid
 // does not own key (a journal it cannot read says nothing).
 func (e *Engine) ownsNot(uid, key string) bool {
-	cs, err := e.cfg.Journal.Owned()
-	if err != nil {
-		return false
-	}
-	for _, c := range cs {
-		if c.Key() == key && c.EventUID == uid {
-			return false
-		}
-	}
-	return true
+	owner, err := e.owner(key)
+	return err == nil && owner != uid
 }
 
 // ownedBy is the event UID of the owned change key ("": none, or the
 // journal cannot be read).
 func (e *Engine) ownedBy(key string) string {
+	owner, _ := e.owner(key)
+	return owner
+}
+
+// owner is the event UID of the owned change key ("": none).
+func (e *Engine) owner(key string) (string, error) {
 	cs, err := e.cfg.Journal.Owned()
 	if err != nil {
-		return ""
+		return "", err
 	}
 	for _, c := range cs {
 		if c.Key() == key {
-			return c.EventUID
+			return c.EventUID, nil
 		}
 	}
-	return ""
+	return "", nil
 }
 
 // shutdownCordonKey and shutdownKeptKey are the owned records of a

@@ -12,11 +12,19 @@ import (
 	"time"
 
 	testingclock "k8s.io/utils/clock/testing"
+
+	"github.com/lifecycle-agent/lifecycle-agent/internal/host"
 )
 
 func newSim(t *testing.T, dir string, logs *bytes.Buffer) *Simulated {
 	t.Helper()
-	cfg := SimulatedConfig{StateDir: dir, Paths: hostFiles(t),
+	return newSimAt(t, dir, hostFiles(t), logs)
+}
+
+// newSimAt is newSim reading the real host's facts from paths.
+func newSimAt(t *testing.T, dir string, paths host.Paths, logs *bytes.Buffer) *Simulated {
+	t.Helper()
+	cfg := SimulatedConfig{StateDir: dir, Paths: paths,
 		Clock: testingclock.NewFakeClock(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))}
 	if logs != nil {
 		cfg.Logger = slog.New(slog.NewTextHandler(logs, nil))
@@ -77,18 +85,7 @@ func TestSimulatedRebootChangesBootIDAcrossRestarts(t *testing.T) {
 func TestSimulatedNewBootAfterARealReboot(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "state")
 	paths := hostFiles(t)
-	open := func(logs *bytes.Buffer) *Simulated {
-		t.Helper()
-		cfg := SimulatedConfig{StateDir: dir, Paths: paths}
-		if logs != nil {
-			cfg.Logger = slog.New(slog.NewTextHandler(logs, nil))
-		}
-		s, err := NewSimulated(cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return s
-	}
+	open := func(logs *bytes.Buffer) *Simulated { t.Helper(); return newSimAt(t, dir, paths, logs) }
 	first := open(nil).BootID()
 	if got := open(nil).BootID(); got != first {
 		t.Fatalf("an agent restarted in the same real boot sees %q, want %q", got, first)
