@@ -117,8 +117,10 @@
 // FindHolders lists processes with a GPU's /dev/nvidia<minor> open (from
 // /proc/*/fd, with comm, systemd unit and pod UID from the cgroup), which
 // is what nvidia-smi refuses a reset on ("In use by another client"): an
-// NVML session counts, not only CUDA work. HolderPaths maps UUIDs to their
-// nodes (GPUInfo.Minor, GetMinorNumber).
+// NVML session counts, not only CUDA work. Processes whose fd table cannot
+// be read (permission denied) are listed apart (HolderScan.Unreadable): a
+// caller deciding a reset must treat them as possible holders. HolderPaths
+// maps UUIDs to their nodes (GPUInfo.Minor, GetMinorNumber).
 // DryRun logs the plan and changes nothing. Both routes need root, no
 // compute or graphics processes, persistence mode off (ResetAndVerify turns
 // it off and restores it), MIG disabled, and other NVML clients (DCGM,

@@ -42,9 +42,10 @@ func (h Holder) String() string {
 // HolderScan is the result of FindHolders.
 type HolderScan struct {
 	Holders []Holder
-	// Unreadable counts processes whose fd table could not be read (not
-	// root): they may hold a device unseen.
-	Unreadable int
+	// Unreadable lists the processes whose fd table could not be read
+	// (permission denied: an agent without CAP_SYS_PTRACE, or a security
+	// module in the way), sorted: they may hold a device unseen.
+	Unreadable []int
 }
 
 // FindHolders lists every process that holds one of paths open, reading
@@ -81,7 +82,7 @@ func FindHolders(procRoot string, paths []string) (HolderScan, error) {
 		fds, err := os.ReadDir(filepath.Join(dir, "fd"))
 		if err != nil {
 			if errors.Is(err, fs.ErrPermission) {
-				scan.Unreadable++
+				scan.Unreadable = append(scan.Unreadable, pid)
 			}
 			continue // gone, or not a process
 		}
@@ -106,6 +107,7 @@ func FindHolders(procRoot string, paths []string) (HolderScan, error) {
 			scan.Holders = append(scan.Holders, h)
 		}
 	}
+	slices.Sort(scan.Unreadable)
 	slices.SortFunc(scan.Holders, func(a, b Holder) int {
 		if a.PID != b.PID {
 			return a.PID - b.PID

@@ -144,6 +144,10 @@ func (d GPUReset) Check(params map[string]string) (GPUResetCheck, error) {
 	}
 	self := os.Getpid()
 	c.Holders = slices.DeleteFunc(scan.Holders, func(h devices.Holder) bool { return h.PID == self })
+	if len(scan.Unreadable) > 0 {
+		c.Warnings = append(c.Warnings, unreadableHolders(scan.Unreadable, c.Group.UUIDs)+
+			"; the reset is refused if they still cannot be read when it runs")
+	}
 	return c, nil
 }
 

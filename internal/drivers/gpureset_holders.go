@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -274,15 +275,30 @@ func (d GPUReset) rediscoverUnplugged(rt Runtime, candidates []string) error {
 // blockingHolders lists the holders a reset of the group would be refused
 // on: every process with a group GPU's node open, except Fabric Manager on
 // a Hopper+ NVSwitch system (reset with it running) and, on the NVML route,
-// this process (NVML performs the reset itself).
-func (p *gpuResetPlan) blockingHolders(paths []string, self int) ([]devices.Holder, error) {
+// this process (NVML performs the reset itself). unreadable lists the
+// processes whose open files could not be read: they may hold a node
+// unseen, and for a GPU that requires a reset (its process lists
+// unreadable) this scan is the only check left, so they refuse the reset
+// too.
+func (p *gpuResetPlan) blockingHolders(paths []string, self int) (holders []devices.Holder, unreadable []int, err error) {
 	scan, err := p.d.findHolders(paths)
 	if err != nil {
-		return nil, fmt.Errorf("gpu-reset: listing holders of %s: %w", strings.Join(paths, ", "), err)
+		return nil, nil, fmt.Errorf("gpu-reset: listing holders of %s: %w", strings.Join(paths, ", "), err)
 	}
 	return slices.DeleteFunc(scan.Holders, func(h devices.Holder) bool {
 		return (p.nvswitch && !p.whole && isFabricManagerHolder(h)) || (p.route == routeNVML && h.PID == self)
-	}), nil
+	}), scan.Unreadable, nil
+}
+
+// unreadableHolders says which processes' open files the holder scan could
+// not read while looking for holders of the group's GPUs.
+func unreadableHolders(pids []int, group []string) string {
+	s := make([]string, len(pids))
+	for i, pid := range pids {
+		s[i] = strconv.Itoa(pid)
+	}
+	return "the open files of PIDs " + strings.Join(s, ", ") +
+		" could not be read (permission denied), so whether they hold " + strings.Join(group, ", ") + " is unknown"
 }
 
 func holderList(hs []devices.Holder) string {

@@ -96,14 +96,20 @@ func (p *gpuResetPlan) reset(ctx context.Context, rt Runtime) error {
 		}()
 	}
 	// Anyone still holding a node: the reset would be refused. Name them.
-	holders, err := p.blockingHolders(paths, os.Getpid())
+	holders, unreadable, err := p.blockingHolders(paths, os.Getpid())
 	if err != nil {
 		return err
 	}
-	if len(holders) > 0 {
-		msg := "gpu-reset refused: processes hold the GPUs being reset: " + holderList(holders)
-		rt.Progress(msg)
-		return fmt.Errorf("%w: %s", devices.ErrPreconditions, strings.TrimPrefix(msg, "gpu-reset refused: "))
+	var refused string
+	switch {
+	case len(unreadable) > 0:
+		refused = unreadableHolders(unreadable, group)
+	case len(holders) > 0:
+		refused = "processes hold the GPUs being reset: " + holderList(holders)
+	}
+	if refused != "" {
+		rt.Progress("gpu-reset refused: " + refused)
+		return fmt.Errorf("%w: %s", devices.ErrPreconditions, refused)
 	}
 
 	// gofail: var gpuResetBeforeInhibit struct{}

@@ -82,6 +82,8 @@ type gpuHost struct {
 	active     map[string]bool
 	held       int
 	inhibitErr error
+	// unreadable are PIDs whose open files the holder scan cannot read.
+	unreadable []int
 }
 
 var _ drivers.HostOps = (*gpuHost)(nil)
@@ -410,7 +412,7 @@ func (e *gpuEnv) agent(method devices.ResetMethod, mods ...func(*devices.Config)
 func (h *gpuHost) holders(paths []string) (devices.HolderScan, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	var scan devices.HolderScan
+	scan := devices.HolderScan{Unreadable: slices.Clone(h.unreadable)}
 	for i, u := range gpuServices {
 		if !h.active[u] {
 			continue
@@ -671,6 +673,9 @@ func TestGPUResetRefusals(t *testing.T) {
 		wantGPU  int
 		wantAPI  []string
 		wantHost []string
+		// wantRefusal: a refusal after the host was changed (wantHost),
+		// as the status reads it.
+		wantRefusal string
 	}{
 		{name: "compute processes", model: devicestest.DGXH100, params: map[string]string{"gpus": "0,1"},
 			setup:   pids(1, 4343, 4242),
@@ -697,6 +702,14 @@ func TestGPUResetRefusals(t *testing.T) {
 				"stop nvidia-dcgm.service nvidia-persistenced.service nvidia-device-plugin.service",
 				"start nvidia-device-plugin.service nvidia-persistenced.service nvidia-dcgm.service",
 			}},
+		{name: "a process whose open files cannot be read", model: devicestest.DGXH100, params: map[string]string{"gpus": "4"},
+			setup:   func(e *gpuEnv) { e.host.unreadable = []int{4711, 4712} },
+			wantErr: []string{"step gpu-reset failed", "the open files of PIDs 4711, 4712 could not be read (permission denied), so whether they hold "},
+			wantGPU: 4, wantRefusal: "gpu-reset refused: the open files of PIDs 4711, 4712 could not be read",
+			wantHost: []string{
+				"stop nvidia-dcgm.service nvidia-persistenced.service nvidia-device-plugin.service",
+				"start nvidia-device-plugin.service nvidia-persistenced.service nvidia-dcgm.service",
+			}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -708,11 +721,14 @@ func TestGPUResetRefusals(t *testing.T) {
 				t.Fatal("event succeeded, want a refusal")
 			}
 			containsEach(t, "error", []string{err.Error()}, append(tc.wantErr, e.fleet.UUID(tc.wantGPU))...)
-			if !errors.Is(err, devices.ErrPreconditions) && tc.wantHost == nil {
+			if !errors.Is(err, devices.ErrPreconditions) && (tc.wantHost == nil || tc.wantRefusal != "") {
 				t.Errorf("error %v does not wrap devices.ErrPreconditions", err)
 			}
 			// The refusal is in the status too.
-			if tc.wantHost == nil {
+			switch {
+			case tc.wantRefusal != "":
+				containsEach(t, "progress", e.rt.messages(), tc.wantRefusal)
+			case tc.wantHost == nil:
 				containsEach(t, "progress", e.rt.messages(), "gpu-reset refused: "+e.fleet.UUID(tc.wantGPU))
 			}
 			e.wantResets(nil)
