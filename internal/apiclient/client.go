@@ -36,6 +36,14 @@ var http2HealthCheck = map[string]string{"HTTP2_READ_IDLE_TIMEOUT_SECONDS": "6",
 // not there, whatever client-go's 10 s TLS handshake timeout would wait.
 const firstByteTimeout = 3 * time.Second
 
+// The claim lane's token bucket (New): one claim per event takes two or
+// three of its tokens, so it never runs dry however events follow each
+// other (the main bucket, 20 QPS, bounds them).
+const (
+	claimQPS   = 10
+	claimBurst = 20
+)
+
 // firstByteConn fails reads and writes of a new connection after a
 // deadline until the first byte arrives, then lifts the deadline: after
 // that the HTTP/2 health check watches the connection.
@@ -63,6 +71,9 @@ type Client struct {
 	Core    kubernetes.Interface
 	LC      *LifecycleClients
 	watchLC *LifecycleClients // LC without the client-side timeout, for watches
+	// claimLC is LC on the same connections with a rate limiter of its
+	// own, for the claim's writes (the claim lane, see New).
+	claimLC *LifecycleClients
 	evicts  *evictionRecorder
 	restCfg *rest.Config
 	contact *Contact
@@ -145,6 +156,21 @@ func New(cfg *rest.Config, node string, timeout time.Duration) (*Client, error) 
 	if err != nil {
 		return nil, err
 	}
+	// The claim lane: the claim's writes (the slot and node Leases taken or
+	// renewed, the Claimed status) get a token bucket of their own, so a
+	// claim never queues behind the previous event's status, finalizer and
+	// deletion writes when the main bucket has run dry (events back to
+	// back: bench claim -gap 0 read p99 104 ms, each claim waiting out
+	// about 50 ms a request at 20 QPS). It adds at most claimQPS to the
+	// agent's ceiling, and a node gets one claim per event.
+	cc := rest.CopyConfig(c)
+	if cc.RateLimiter == nil {
+		cc.QPS, cc.Burst = claimQPS, claimBurst
+	}
+	claim, err := newLifecycleClients(cc, lc.REST.(*rest.RESTClient).Client)
+	if err != nil {
+		return nil, err
+	}
 	// Watches get no client-side timeout: rest.Config.Timeout is the whole
 	// http.Client's, so it would cut every watch after `timeout` and the
 	// reflector would re-list and re-watch (6 requests a minute per idle
@@ -157,7 +183,7 @@ func New(cfg *rest.Config, node string, timeout time.Duration) (*Client, error) 
 	if err != nil {
 		return nil, err
 	}
-	return &Client{Node: node, Core: core, LC: lc, watchLC: wlc, evicts: rec, restCfg: c, contact: contact}, nil
+	return &Client{Node: node, Core: core, LC: lc, watchLC: wlc, claimLC: claim, evicts: rec, restCfg: c, contact: contact}, nil
 }
 
 // watchClients is Core without the client-side timeout, for the drain's
@@ -174,6 +200,15 @@ func (c *Client) watchClients() kubernetes.Interface {
 		}
 	})
 	return c.watchCore
+}
+
+// claimLane is the clients for the claim's writes (claimLC; LC for a
+// Client not made by New).
+func (c *Client) claimLane() *LifecycleClients {
+	if c.claimLC != nil {
+		return c.claimLC
+	}
+	return c.LC
 }
 
 // Contact says when the agent last heard from the API server (see Contact).

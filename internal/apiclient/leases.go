@@ -184,7 +184,7 @@ func (c *Client) HeldLeases(ctx context.Context, identity string) ([]HeldLease, 
 // nodes of the group down at once. An event that will never end (its node
 // is gone for good) frees its slot when it is deleted.
 func (c *Client) AcquireSlot(ctx context.Context, group string, max int, h LeaseHolder, now time.Time) (string, error) {
-	leases := c.LC.Leases(v1alpha1.SystemNamespace)
+	leases := c.claimLane().Leases(v1alpha1.SystemNamespace)
 	// Renew first, wherever we already hold one.
 	for i := 0; i < max; i++ {
 		name := SlotLeaseName(group, i)
@@ -284,7 +284,7 @@ func (c *Client) acquire(ctx context.Context, name string, h LeaseHolder, now ti
 // acquireIf takes lease name for h when it does not exist, is ours, or free
 // says another holder's lease may be taken.
 func (c *Client) acquireIf(ctx context.Context, name string, h LeaseHolder, now time.Time, free func(context.Context, *v1alpha1.LifecycleLease) bool) error {
-	leases := c.LC.Leases(v1alpha1.SystemNamespace)
+	leases := c.claimLane().Leases(v1alpha1.SystemNamespace)
 	secs := int32(h.Duration / time.Second)
 	if secs < 1 {
 		secs = 40
@@ -348,7 +348,7 @@ func (c *Client) updateLease(ctx context.Context, l *v1alpha1.LifecycleLease, h 
 	l.Spec.HolderIdentity = &h.Identity
 	l.Spec.LeaseDurationSeconds = &secs
 	l.Spec.RenewTime = &mt
-	got, err := c.LC.Leases(v1alpha1.SystemNamespace).Update(ctx, l, metav1.UpdateOptions{})
+	got, err := c.claimLane().Leases(v1alpha1.SystemNamespace).Update(ctx, l, metav1.UpdateOptions{})
 	if err != nil {
 		if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
 			return err

@@ -43,6 +43,12 @@ func (c *Client) UpdateEventStatus(ctx context.Context, ev *v1alpha1.LifecycleEv
 	return c.LC.Events.UpdateStatus(ctx, ev, metav1.UpdateOptions{})
 }
 
+// ClaimEventStatus is UpdateEventStatus for the claim, on the claim lane
+// (a token bucket of its own, see New).
+func (c *Client) ClaimEventStatus(ctx context.Context, ev *v1alpha1.LifecycleEvent) (*v1alpha1.LifecycleEvent, error) {
+	return c.claimLane().Events.UpdateStatus(ctx, ev, metav1.UpdateOptions{})
+}
+
 // SetFinalizerOn adds (on=true) or removes the agent's finalizer on ev as
 // the caller last saw it: one update guarded by its resourceVersion. On a
 // conflict it falls back to SetFinalizer's read and retry. It returns the

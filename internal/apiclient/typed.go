@@ -2,6 +2,7 @@ package apiclient
 
 import (
 	"fmt"
+	"net/http"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -58,6 +59,12 @@ func (c *LifecycleClients) Leases(ns string) *LeaseClient {
 
 // NewLifecycleClients builds typed clients for lifecycle.x-k8s.io/v1alpha1.
 func NewLifecycleClients(cfg *rest.Config) (*LifecycleClients, error) {
+	return newLifecycleClients(cfg, nil)
+}
+
+// newLifecycleClients is NewLifecycleClients on httpClient's connections
+// when it is not nil (with cfg's own rate limiter).
+func newLifecycleClients(cfg *rest.Config, httpClient *http.Client) (*LifecycleClients, error) {
 	c := rest.CopyConfig(cfg)
 	c.GroupVersion = &v1alpha1.SchemeGroupVersion
 	c.APIPath = "/apis"
@@ -66,7 +73,13 @@ func NewLifecycleClients(cfg *rest.Config) (*LifecycleClients, error) {
 	if c.UserAgent == "" {
 		c.UserAgent = rest.DefaultKubernetesUserAgent()
 	}
-	rc, err := rest.RESTClientFor(c)
+	var rc *rest.RESTClient
+	var err error
+	if httpClient != nil {
+		rc, err = rest.RESTClientForConfigAndClient(c, httpClient)
+	} else {
+		rc, err = rest.RESTClientFor(c)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("apiclient: lifecycle REST client: %w", err)
 	}

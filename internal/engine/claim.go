@@ -172,7 +172,7 @@ func (e *Engine) takeOverWhy(ctx context.Context, ev *v1alpha1.LifecycleEvent) (
 	fresh.Status.Holder.Identity, fresh.Status.Holder.RenewTime = e.cfg.Identity, &t
 	msg := fmt.Sprintf("taken over from %s by %s: its Lease expired and this host runs the Node's kubelet (boot %s; a re-imaged node)", old, e.cfg.Identity, e.cfg.Host.BootID())
 	fresh.Status.Message = msg
-	got, err := e.cfg.API.UpdateEventStatus(ctx, fresh)
+	got, err := e.cfg.API.ClaimEventStatus(ctx, fresh)
 	if err != nil {
 		return nil, "rewriting the holder: " + err.Error()
 	}
@@ -481,7 +481,7 @@ func (e *Engine) claim(ctx context.Context, cached *v1alpha1.LifecycleEvent) (*a
 		ev.Status = a.status
 		// The claim: a status update guarded by the resourceVersion we read.
 		// gofail: var engineBeforeClaim struct{}
-		got, err := e.cfg.API.UpdateEventStatus(ctx, ev)
+		got, err := e.cfg.API.ClaimEventStatus(ctx, ev)
 		if err != nil {
 			_ = e.cfg.API.ReleaseNodeLease(ctx, e.cfg.Identity)
 			if apierrors.IsConflict(err) {
@@ -638,7 +638,7 @@ func (e *Engine) reject(ctx context.Context, ev *v1alpha1.LifecycleEvent, why st
 	ev.Status.CompletionTime = &now
 	ev.Status.Holder = &v1alpha1.Holder{Identity: e.cfg.Identity, BootID: e.cfg.Host.BootID(), ClaimTime: &now}
 	setCond(&ev.Status, v1alpha1.ConditionProgressing, metav1.ConditionFalse, "Failed", why, now.Time)
-	if _, err := e.cfg.API.UpdateEventStatus(ctx, ev); err != nil {
+	if _, err := e.cfg.API.ClaimEventStatus(ctx, ev); err != nil {
 		return err
 	}
 	e.cfg.Metrics.Events.WithLabelValues("unknown", string(v1alpha1.LifecycleEventFailed)).Inc()
