@@ -97,7 +97,8 @@ var unitPoll = 2 * time.Second
 // middle can leave the system unbootable): while its transient unit is
 // still active, the node stays cordoned and the status says so; once the
 // unit has ended (its RuntimeMaxSec, the profile's timeout, bounds it), the
-// cordon this event made is undone. A unit whose state cannot be read keeps
+// cordon this event made is undone, unless the readiness checks timed out
+// with readiness.onTimeout keepCordoned. A unit whose state cannot be read keeps
 // the node cordoned (fail closed) and the error is the abort's.
 func (d OSUpgrade) Abort(ctx context.Context, rt Runtime) error {
 	unit := OSUpgradeUnit(rt.EventName())
@@ -122,6 +123,21 @@ func (d OSUpgrade) Abort(ctx context.Context, rt Runtime) error {
 	}
 	cordon := Change{Kind: "cordon", Key: rt.Node()}
 	owned := rt.Owns(cordon)
+	if kept := CordonKept(rt.Node()); rt.Owns(kept) {
+		// The readiness checks timed out with readiness.onTimeout
+		// keepCordoned: the cordon stays for an admin (see Readiness), as
+		// in the engine's own abort and gpu-reset's.
+		if owned {
+			if err := rt.Disown(cordon); err != nil {
+				return err
+			}
+		}
+		if err := rt.Disown(kept); err != nil {
+			return err
+		}
+		rt.Progress("stopping: the node stays cordoned (readiness.onTimeout: keepCordoned)")
+		return nil
+	}
 	if _, err := rt.API().Uncordon(ctx, rt.EventName(), false); err != nil && !errors.Is(err, apiclient.ErrCordonNotOurs) {
 		return err
 	}

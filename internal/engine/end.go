@@ -38,6 +38,9 @@ func (e *Engine) abort(ctx context.Context, a *active, outcome journal.Outcome, 
 	var err error
 	notOurs := false
 	if ab, ok := a.driver.(drivers.Abortable); ok {
+		// A driver's abort leaves a kept cordon (drivers.CordonKept) for
+		// an admin, as the default below does: the node is not back.
+		notOurs = rt.Owns(drivers.CordonKept(e.cfg.Node))
 		// Every undo is idempotent, so an abort the API server did not
 		// answer is run again, as the engine's own uncordon below is: an
 		// abort right after a boot meets a network not up yet ("network

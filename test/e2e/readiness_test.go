@@ -2,7 +2,9 @@ package e2e
 
 import (
 	"context"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -17,6 +19,7 @@ import (
 	"github.com/lifecycle-agent/lifecycle-agent/internal/apiclient"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/config"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/host"
+	"github.com/lifecycle-agent/lifecycle-agent/internal/hostops"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/readiness"
 	"github.com/lifecycle-agent/lifecycle-agent/test/testenv"
 )
@@ -122,11 +125,15 @@ func (r *readinessNode) waitMessage(name, what string, want ...string) string {
 // startReboot creates a reboot event while the Node is NotReady, so the
 // event stops at wait-ready after the (simulated) reboot; it returns once
 // the reboot step is done, with the claim-time snapshot taken.
-func (r *readinessNode) startReboot(name string) {
+func (r *readinessNode) startReboot(name string) { r.startEvent(name, "reboot", nil) }
+
+// startEvent creates an event of driver (reboot or os-upgrade) and waits
+// for its reboot step, the node not Ready.
+func (r *readinessNode) startEvent(name, driver string, params map[string]string) {
 	r.t.Helper()
-	waitTransition(r.t, transitionName(r.node, "reboot"))
+	waitTransition(r.t, transitionName(r.node, driver))
 	r.setReady(false)
-	createEvent(r.t, name, r.node, transitionName(r.node, "reboot"), nil, nil)
+	createEvent(r.t, name, r.node, transitionName(r.node, driver), params, nil)
 	lc := clients(r.t, env.AdminConfig())
 	waitFor(r.t, "the reboot step done, waiting for Ready", time.Minute, func() bool {
 		ev, err := lc.Events.Get(context.Background(), name, metav1.GetOptions{})
@@ -230,31 +237,54 @@ var onTimeoutCases = []struct {
 
 // TestReadinessTimeout: the GPUs never come back. The event ends Failed
 // naming them; by default the node stays cordoned (its annotation naming
-// the event), with readiness.onTimeout uncordon it is given back.
+// the event), with readiness.onTimeout uncordon it is given back. The
+// same for an os-upgrade, whose abort is its own (it uncordoned whatever
+// onTimeout said).
 func TestReadinessTimeout(t *testing.T) {
-	for _, tc := range onTimeoutCases {
-		t.Run(tc.name, func(t *testing.T) {
-			node := "ready-timeout-" + strings.ToLower(tc.name)
-			r := newReadinessNode(t, node)
-			startAgent(t, node, agentOpts{retention: time.Hour, configure: func(c *config.Config) {
-				c.Readiness.Timeout = 3 * time.Second
-				c.Readiness.OnTimeout = tc.onTimeout
-			}})
-			r.startReboot(node + "-1")
-			r.setGPUs(0)
-			r.setReady(true)
-			ev := waitEvent(t, node+"-1", time.Minute)
-			if ev.Status.ClaimStatus != v1alpha1.LifecycleEventFailed || !strings.Contains(ev.Status.Message, "not ready within 3s (readiness.timeout): allocatable nvidia.com/gpu is 0 of 8") {
-				t.Fatalf("event ended %s: %q; want Failed naming the GPUs", ev.Status.ClaimStatus, ev.Status.Message)
-			}
-			n := getNode(t, node)
-			if n.Spec.Unschedulable != tc.cordoned {
-				t.Errorf("node unschedulable=%v, want %v (readiness.onTimeout %s)", n.Spec.Unschedulable, tc.cordoned, tc.onTimeout)
-			}
-			if tc.cordoned && !strings.Contains(ev.Status.Message, "stays cordoned") {
-				t.Errorf("the message does not say the node stays cordoned: %q", ev.Status.Message)
-			}
-		})
+	for _, driver := range []string{"reboot", "os-upgrade"} {
+		for _, tc := range onTimeoutCases {
+			t.Run(driver+"/"+tc.name, func(t *testing.T) { readinessTimeout(t, driver, tc.onTimeout, tc.cordoned) })
+		}
+	}
+}
+
+func readinessTimeout(t *testing.T, driver, onTimeout string, cordoned bool) {
+	node := "ready-timeout-" + strings.ToLower(onTimeout)
+	if driver != "reboot" {
+		node = "ready-timeout-" + driver + "-" + strings.ToLower(onTimeout)
+	}
+	r := newReadinessNode(t, node)
+	a := startAgent(t, node, agentOpts{retention: time.Hour, configure: func(c *config.Config) {
+		c.Readiness.Timeout = 3 * time.Second
+		c.Readiness.OnTimeout = onTimeout
+		c.OSUpgrade.Profiles = map[string]config.OSUpgradeProfile{
+			"debian-full-upgrade": {Command: []string{"/usr/bin/apt-get", "-y", "full-upgrade"}, Timeout: time.Minute, RebootPolicy: config.RebootAlways},
+		}
+	}})
+	var params map[string]string
+	if driver == "os-upgrade" {
+		if err := os.WriteFile(filepath.Join(a.dir, hostops.SimulatedOSReleaseFile), []byte("VERSION_ID=\"13\"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		params = map[string]string{"profile": "debian-full-upgrade", "targetVersionID": "13"}
+	}
+	r.startEvent(node+"-1", driver, params)
+	r.setGPUs(0)
+	r.setReady(true)
+	ev := waitEvent(t, node+"-1", time.Minute)
+	if ev.Status.ClaimStatus != v1alpha1.LifecycleEventFailed || !strings.Contains(ev.Status.Message, "not ready within 3s (readiness.timeout): allocatable nvidia.com/gpu is 0 of 8") {
+		t.Fatalf("event ended %s: %q; want Failed naming the GPUs", ev.Status.ClaimStatus, ev.Status.Message)
+	}
+	n := getNode(t, node)
+	if n.Spec.Unschedulable != cordoned {
+		t.Errorf("node unschedulable=%v, want %v (readiness.onTimeout %s)", n.Spec.Unschedulable, cordoned, onTimeout)
+	}
+	if cordoned && !strings.Contains(ev.Status.Message, "stays cordoned") {
+		t.Errorf("the message does not say the node stays cordoned: %q", ev.Status.Message)
+	}
+	// Drained does not say "back in service" while the cordon stays.
+	if c := nodeCondition(n, v1alpha1.NodeConditionDrained); cordoned && c != nil && c.Reason == "ReturnedToService" {
+		t.Errorf("Drained is %s/%s %q on a node kept cordoned", c.Status, c.Reason, c.Message)
 	}
 }
 
