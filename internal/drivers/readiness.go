@@ -260,7 +260,7 @@ func (r Readiness) step() Step {
 			notReady, err := cfg.NotReady(pctx, api, snap, checks, run, boot)
 			cancel()
 			if ctx.Err() != nil {
-				return ctx.Err()
+				return waitEnded(ctx, rt, cfg.Uncordon)
 			}
 			apiErr = err
 			if err == nil {
@@ -300,12 +300,12 @@ func (r Readiness) step() Step {
 			}
 			select {
 			case <-ctx.Done():
-				return ctx.Err()
+				return waitEnded(ctx, rt, cfg.Uncordon)
 			case <-wake:
 				if gap := interval - clk.Since(polled); gap > 0 {
 					select {
 					case <-ctx.Done():
-						return ctx.Err()
+						return waitEnded(ctx, rt, cfg.Uncordon)
 					case <-clk.After(min(gap, max(left, 0))):
 					}
 				}
@@ -324,14 +324,36 @@ func (r Readiness) step() Step {
 		default:
 			failure = fmt.Errorf("the node's workloads were not ready within %s (readiness.timeout): %s", timeout, missing)
 		}
-		if !cfg.Uncordon && rt.Owns(Change{Kind: "cordon", Key: rt.Node()}) {
-			// Journaled before the step fails: the abort then leaves the
-			// cordon (CordonKept), and a replay of this step fails again.
-			if err := rt.Own(CordonKept(rt.Node())); err != nil {
-				return err
-			}
-			return fmt.Errorf("%w%s", failure, KeptSuffix)
-		}
-		return failure
+		return keepCordonOnTimeout(rt, cfg.Uncordon, failure)
 	}}
+}
+
+// keepCordonOnTimeout is a readiness wait's end without the node ready
+// (wait-ready's and wait-workloads-ready's timeout, or the event's sla
+// reached during either): with readiness.onTimeout keepCordoned (uncordon
+// false) and the cordon this event's, CordonKept is journaled before the
+// step fails, so the abort leaves the cordon and a replay of the step
+// fails again; failure then says so (KeptSuffix).
+func keepCordonOnTimeout(rt Runtime, uncordon bool, failure error) error {
+	if uncordon || !rt.Owns(Change{Kind: "cordon", Key: rt.Node()}) {
+		return failure
+	}
+	if err := rt.Own(CordonKept(rt.Node())); err != nil {
+		return err
+	}
+	return fmt.Errorf("%w%s", failure, KeptSuffix)
+}
+
+// waitEnded is a readiness wait's error when its context ended: past its
+// deadline, the event's sla (the engine's only deadline on a step) ended
+// it with the node not ready, which leaves the cordon as a timeout does
+// (keepCordonOnTimeout; the abort that follows would otherwise give back a
+// node that never became ready); a cancel or the agent's stop is not a
+// timeout.
+func waitEnded(ctx context.Context, rt Runtime, uncordon bool) error {
+	err := ctx.Err()
+	if errors.Is(err, context.DeadlineExceeded) {
+		return keepCordonOnTimeout(rt, uncordon, fmt.Errorf("the event's sla ended the wait, the node not ready: %w", err))
+	}
+	return err
 }

@@ -298,13 +298,18 @@ func (c RebootConfig) readyStep() Step {
 			return err == nil && ok
 		})
 		if err != nil {
-			return err
+			return waitEnded(ctx, rt, c.Readiness.Config.Uncordon)
 		}
 		if !ready {
 			if last != nil {
+				// Transient: the engine retries the step.
 				return fmt.Errorf("the node did not become Ready within %s (reboot.readyTimeout); last error reading the Node: %w", timeout, last)
 			}
-			return fmt.Errorf("the node did not become Ready within %s (reboot.readyTimeout): the kubelet's Ready condition is not True, or its status.nodeInfo.bootID is not this boot's %s", timeout, rt.Host().BootID())
+			// Not ready is a readiness timeout: with readiness.onTimeout
+			// keepCordoned the abort leaves the cordon (DESIGN: "Ready
+			// means ready" counts this boot's Ready among the checks).
+			return keepCordonOnTimeout(rt, c.Readiness.Config.Uncordon,
+				fmt.Errorf("the node did not become Ready within %s (reboot.readyTimeout): the kubelet's Ready condition is not True, or its status.nodeInfo.bootID is not this boot's %s", timeout, rt.Host().BootID()))
 		}
 		rt.Progress("node is Ready")
 		return nil

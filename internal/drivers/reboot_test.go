@@ -121,9 +121,11 @@ func TestRebootRun(t *testing.T) {
 			setup:      func(rt *fakeRuntime) { rt.host.rebootChangesBoot = true; rt.api.readyAfter = 0 },
 			failedStep: "wait-ready",
 			wantErr:    "the node did not become Ready within 50ms (reboot.readyTimeout): the kubelet's Ready condition is not True",
-			calls:      []string{"rt.Own cordon/node-a", "api.Cordon ev-1", "api.Drain", "api.PodsLeft", "host.Reboot", "api.NodeReady"},
-			reboots:    1,
-			cordoned:   true,
+			// readiness.onTimeout keepCordoned (the default): the kept
+			// cordon journaled before the step fails.
+			calls:    []string{"rt.Own cordon/node-a", "api.Cordon ev-1", "api.Drain", "api.PodsLeft", "host.Reboot", "api.NodeReady", "rt.Own cordon-kept/cordon-kept/node-a"},
+			reboots:  1,
+			cordoned: true,
 		},
 		{
 			name:   "Ready wait times out with the API error",

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -26,6 +27,12 @@ import (
 // straight into the abort and then the end state. It reports false when
 // the agent is stopping (the abort resumes next time).
 func (e *Engine) abort(ctx context.Context, a *active, outcome journal.Outcome, msg string) bool {
+	rt := &stepRuntime{e: e, a: a}
+	if rt.Owns(drivers.CordonKept(e.cfg.Node)) && !strings.Contains(msg, drivers.KeptSuffix) {
+		// A readiness wait ended by the sla (or a step that failed after
+		// the keep was decided): the end state says the cordon stays.
+		msg += drivers.KeptSuffix
+	}
 	a.outcome, a.outcomeMsg = outcome, truncate(msg)
 	if !e.durably(ctx, a, "its abort", func() error { return e.snapshot(a, journal.EventAborting) }) {
 		return false
@@ -34,7 +41,6 @@ func (e *Engine) abort(ctx context.Context, a *active, outcome journal.Outcome, 
 	if ctx.Err() != nil {
 		return false
 	}
-	rt := &stepRuntime{e: e, a: a}
 	var err error
 	notOurs := false
 	if ab, ok := a.driver.(drivers.Abortable); ok {

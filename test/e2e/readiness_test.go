@@ -275,17 +275,7 @@ func readinessTimeout(t *testing.T, driver, onTimeout string, cordoned bool) {
 	if ev.Status.ClaimStatus != v1alpha1.LifecycleEventFailed || !strings.Contains(ev.Status.Message, "not ready within 3s (readiness.timeout): allocatable nvidia.com/gpu is 0 of 8") {
 		t.Fatalf("event ended %s: %q; want Failed naming the GPUs", ev.Status.ClaimStatus, ev.Status.Message)
 	}
-	n := getNode(t, node)
-	if n.Spec.Unschedulable != cordoned {
-		t.Errorf("node unschedulable=%v, want %v (readiness.onTimeout %s)", n.Spec.Unschedulable, cordoned, onTimeout)
-	}
-	if cordoned && !strings.Contains(ev.Status.Message, "stays cordoned") {
-		t.Errorf("the message does not say the node stays cordoned: %q", ev.Status.Message)
-	}
-	// Drained does not say "back in service" while the cordon stays.
-	if c := nodeCondition(n, v1alpha1.NodeConditionDrained); cordoned && c != nil && c.Reason == "ReturnedToService" {
-		t.Errorf("Drained is %s/%s %q on a node kept cordoned", c.Status, c.Reason, c.Message)
-	}
+	wantKept(t, node, ev, onTimeout, cordoned)
 }
 
 // TestReadinessChecksOnServer: each check of package readiness against the
@@ -403,5 +393,77 @@ func TestReadinessDaemonSetNamespaces(t *testing.T) {
 	}
 	if getNode(t, node).Spec.Unschedulable {
 		t.Error("the node is still cordoned after the event succeeded")
+	}
+}
+
+// TestReadinessNotReadyEnds: the other ways a readiness wait ends with the
+// node not ready leave the cordon as readiness.onTimeout says, as the
+// workloads' timeout does (DESIGN "Ready means ready": the Node's Ready of
+// this boot is one of the checks): wait-ready's reboot.readyTimeout (the
+// kubelet never reports Ready), and the event's sla reached during
+// wait-workloads-ready. Both aborts uncordoned whatever onTimeout said.
+func TestReadinessNotReadyEnds(t *testing.T) {
+	for _, tc := range onTimeoutCases {
+		t.Run("never Ready/"+tc.name, func(t *testing.T) {
+			node := "never-ready-" + strings.ToLower(tc.name)
+			r := newReadinessNode(t, node)
+			startAgent(t, node, agentOpts{retention: time.Hour, configure: func(c *config.Config) {
+				c.Reboot.ReadyTimeout = 3 * time.Second
+				c.Readiness.OnTimeout = tc.onTimeout
+			}})
+			r.startReboot(node + "-1")
+			ev := waitEvent(t, node+"-1", time.Minute)
+			if ev.Status.ClaimStatus != v1alpha1.LifecycleEventFailed || !strings.Contains(ev.Status.Message, "did not become Ready within 3s (reboot.readyTimeout)") {
+				t.Fatalf("event ended %s: %q; want Failed naming reboot.readyTimeout", ev.Status.ClaimStatus, ev.Status.Message)
+			}
+			wantKept(t, node, ev, tc.onTimeout, tc.cordoned)
+		})
+		t.Run("sla during the wait/"+tc.name, func(t *testing.T) {
+			node := "sla-ready-" + strings.ToLower(tc.name)
+			r := newReadinessNode(t, node)
+			startAgent(t, node, agentOpts{retention: time.Hour, configure: func(c *config.Config) {
+				c.Readiness.OnTimeout = tc.onTimeout
+			}})
+			lc := clients(t, env.AdminConfig())
+			waitTransition(t, transitionName(node, "reboot"))
+			pub, err := lc.Transitions.Get(context.Background(), transitionName(node, "reboot"), metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			lt := &v1alpha1.LifecycleTransition{ObjectMeta: metav1.ObjectMeta{Name: node + "-reboot-sla"}, Spec: *pub.Spec.DeepCopy()}
+			lt.Spec.Sla = &metav1.Duration{Duration: 15 * time.Second}
+			if _, err := lc.Transitions.Create(context.Background(), lt, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			r.setReady(false)
+			createEvent(t, node+"-1", node, lt.Name, nil, nil)
+			waitFor(t, "the reboot step done", time.Minute, func() bool {
+				ev, err := lc.Events.Get(context.Background(), node+"-1", metav1.GetOptions{})
+				return err == nil && strings.Contains(stepStates(ev), "reboot=Done")
+			})
+			r.setGPUs(0)
+			r.setReady(true)
+			ev := waitEvent(t, node+"-1", time.Minute)
+			if ev.Status.ClaimStatus != v1alpha1.LifecycleEventSlaExpired || !strings.Contains(ev.Status.Message, "passed during step wait-workloads-ready") {
+				t.Fatalf("event ended %s: %q; want SlaExpired during wait-workloads-ready", ev.Status.ClaimStatus, ev.Status.Message)
+			}
+			wantKept(t, node, ev, tc.onTimeout, tc.cordoned)
+		})
+	}
+}
+
+// wantKept checks the node's cordon and Drained after a readiness wait
+// that ended with the node not ready, per readiness.onTimeout.
+func wantKept(t *testing.T, node string, ev *v1alpha1.LifecycleEvent, onTimeout string, cordoned bool) {
+	t.Helper()
+	n := getNode(t, node)
+	if n.Spec.Unschedulable != cordoned {
+		t.Errorf("node unschedulable=%v, want %v (readiness.onTimeout %s)", n.Spec.Unschedulable, cordoned, onTimeout)
+	}
+	if cordoned != strings.Contains(ev.Status.Message, "stays cordoned") {
+		t.Errorf("the message says the node stays cordoned: %v, want %v: %q", !cordoned, cordoned, ev.Status.Message)
+	}
+	if c := nodeCondition(n, v1alpha1.NodeConditionDrained); cordoned && c != nil && c.Reason == "ReturnedToService" {
+		t.Errorf("Drained is %s/%s %q on a node kept cordoned", c.Status, c.Reason, c.Message)
 	}
 }
