@@ -290,9 +290,19 @@ func (c RebootConfig) readyStep() Step {
 		if rt.Host().Simulated() {
 			boot, inBoot = "", " (simulate: its boot ID is not compared, no kubelet restarted)"
 		}
-		rt.Progress(fmt.Sprintf("waiting up to %s for the kubelet to report the node Ready%s", timeout, inBoot))
+		// Bounded from the wait's first start (journaled: StepStarted),
+		// as the workloads' wait is: an agent restarted, or the step
+		// retried after an outage, does not begin the timeout again; a
+		// wait resumed past it looks once more (lastLook).
+		now := c.clock().Now()
+		deadline, resumed := waitDeadline(now, rt.StepStarted(), timeout, "reboot.readyTimeout")
+		wait := deadline.Sub(now)
+		if wait <= 0 {
+			wait = min(timeout, lastLook)
+		}
+		rt.Progress(fmt.Sprintf("waiting up to %s for the kubelet to report the node Ready%s%s", timeout, inBoot, resumed))
 		var last error
-		ready, err := c.waitFor(ctx, timeout, func() bool {
+		ready, err := c.waitFor(ctx, wait, func() bool {
 			ok, err := rt.API().NodeReady(ctx, boot)
 			last = err
 			return err == nil && ok
