@@ -117,7 +117,14 @@ func (e *Engine) PrepareShutdown(ctx context.Context) error {
 	ours, err := e.cfg.API.Cordon(ctx, shutdownOwner)
 	switch {
 	case err != nil:
-		e.log.Warn("shutdown: cordon failed; the journal keeps the intent", "event", name, "err", err)
+		e.log.Warn("shutdown: cordon failed; the journal keeps the intent (the next boot cordons before its wait)", "event", name, "err", err)
+	case ours && (earlier == "" || earlier == uid):
+		// Made: the next boot does not make it again (ensureShutdownCordon),
+		// so an admin's uncordon in between stands.
+		if _, err := e.cfg.Journal.AppendStep(uid, journal.StepRecord{Step: shutdownCordonStep, Phase: journal.PhaseDone,
+			State: journal.StepDone, Attempt: 1, BootID: boot}); err != nil {
+			e.log.Warn("shutdown: journaling the cordon made failed", "event", name, "err", err)
+		}
 	case !ours && earlier != "" && earlier != uid:
 		// The earlier shutdown's record stays: it is not this one's.
 	case !ours:
@@ -192,6 +199,9 @@ func (e *Engine) closeOutShutdowns(ctx context.Context) {
 		// Through the outbox: it supersedes a ShuttingDown entry still
 		// queued from before the shutdown.
 		e.pushShutdownConditions(r, shutdownStart, corev1.ConditionTrue, returningMsg(r), false)
+		if !e.ensureShutdownCordon(ctx, r) {
+			return
+		}
 		reason, outcome, word := shutdownEnd, journal.OutcomeSucceeded, "shutdown complete; node back"
 		for e.waitsToReturn(r) {
 			rctx, stop := context.WithCancel(ctx)
@@ -231,6 +241,50 @@ func (e *Engine) closeOutShutdowns(ctx context.Context) {
 			if !e.sleep(ctx, 2*time.Second) {
 				return
 			}
+		}
+	}
+}
+
+// shutdownCordonStep is the step record of a shutdown's cordon made.
+const shutdownCordonStep = "cordon"
+
+// ensureShutdownCordon makes, before the next boot's wait, the cordon a
+// shutdown's record owns but PrepareShutdown did not make: the API server
+// unreachable at the shutdown (a whole cluster powered down, the control
+// plane first), or the agent killed between the record and the patch.
+// Without it the node took pods through the whole wait while the Node's
+// condition said "kept cordoned". A cordon made at the shutdown (its step
+// record) is not made again, so an admin's uncordon since stands;
+// someone else's cordon found now is left, and the record dropped. It
+// retries until the API server answers; false when ctx ended.
+func (e *Engine) ensureShutdownCordon(ctx context.Context, r journal.EventRecord) bool {
+	if !e.owns(r.UID, e.shutdownCordonKey()) || len(e.cfg.ShutdownReturn.Steps) == 0 {
+		return true
+	}
+	recs, _ := e.cfg.Journal.Steps(r.UID)
+	for _, rec := range recs {
+		if rec.Step == shutdownCordonStep && rec.Phase == journal.PhaseDone {
+			return true
+		}
+	}
+	for i := 1; ; i++ {
+		e.alive()
+		ours, err := e.cfg.API.Cordon(ctx, shutdownOwner)
+		switch {
+		case err == nil && ours:
+			if _, err := e.cfg.Journal.AppendStep(r.UID, journal.StepRecord{Step: shutdownCordonStep, Phase: journal.PhaseDone,
+				State: journal.StepDone, Attempt: 1, BootID: e.cfg.Host.BootID(), Message: "made at the next boot"}); err != nil {
+				e.log.Warn("shutdown: journaling the cordon made failed", "event", r.Name, "err", err)
+			}
+			e.log.Info("shutdown: cordoned at the next boot (not made at the shutdown), until the node is ready", "event", r.Name)
+			return true
+		case err == nil:
+			_ = e.cfg.Journal.RemoveOwned(e.shutdownCordonKey()) // someone else's cordon: left alone
+			return true
+		}
+		e.log.Warn("shutdown: the cordon not made at the shutdown failed again; retrying", "event", r.Name, "err", err)
+		if !e.sleep(ctx, min(backoff(i), 5*time.Second)) {
+			return false
 		}
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/lifecycle-agent/lifecycle-agent/internal/host/logindtest"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/hostops"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/journal"
+	"github.com/lifecycle-agent/lifecycle-agent/test/testenv"
 )
 
 func heldDelayLocks(s *logindtest.Server) []logindtest.Inhibitor {
@@ -203,9 +204,26 @@ func TestShutdownWhileAPIDown(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(a.dir, hostops.SimulatedBootIDFile), []byte("7c1d2e3f-0000-4000-8000-000000000002\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	// The cordon could not be made at the shutdown: the node is still
+	// schedulable. Its next boot comes up not Ready yet (the kubelet
+	// starting): the agent cordons before it waits, so the node takes no
+	// pods until it is ready, as the condition says ("kept cordoned").
+	if getNode(t, node).Spec.Unschedulable {
+		t.Fatal("the node was cordoned with the API server down")
+	}
+	if err := testenv.SetNodeReady(context.Background(), env.AdminConfig(), node, false); err != nil {
+		t.Fatal(err)
+	}
 	// The next boot has a fresh logind (the old one still says "preparing").
 	srv2 := logindtest.Start(t, logindtest.Options{InhibitDelayMax: 30 * time.Second})
 	startAgent(t, node, agentOpts{retention: time.Hour, logind: srv2.Address(), dir: a.dir})
+	waitFor(t, "the node cordoned for the shutdown while the next boot waits for it to be ready", 60*time.Second, func() bool {
+		lt, _, n := shutdownConds(t, node)
+		return lt != nil && strings.Contains(lt.Message, "kept cordoned") && n.Spec.Unschedulable && n.Annotations[v1alpha1.AnnotationCordonedBy] == "shutdown"
+	})
+	if err := testenv.SetNodeReady(context.Background(), env.AdminConfig(), node, true); err != nil {
+		t.Fatal(err)
+	}
 	waitFor(t, "the shutdown closed out after the API server returned", 60*time.Second, func() bool {
 		lt, _, n := shutdownConds(t, node)
 		return lt != nil && lt.Reason == "ShutdownComplete" && !n.Spec.Unschedulable
