@@ -136,6 +136,10 @@ type Engine struct {
 	// closeOutAgain: a shutdown cancelled after it cut an earlier one's
 	// close-out short; the loop closes that one out again.
 	closeOutAgain atomic.Bool
+	// shutdownCordon serialises the shutdown cordon's hand-over in this
+	// process (a one-slot semaphore): PrepareShutdown's ownership read and
+	// cordon, and an earlier shutdown's close-out check and uncordon.
+	shutdownCordon chan struct{}
 }
 
 // New checks cfg and returns an Engine.
@@ -158,7 +162,7 @@ func New(cfg Config) (*Engine, error) {
 	}
 	e := &Engine{cfg: cfg, log: cfg.Log, drivers: map[string]drivers.Driver{},
 		wake: make(chan struct{}, 1), flushWake: make(chan struct{}, 1), flushed: make(chan struct{}, 1), deleted: map[string]time.Time{},
-		ended: map[string]time.Time{}}
+		ended: map[string]time.Time{}, shutdownCordon: make(chan struct{}, 1)}
 	for _, d := range cfg.Drivers {
 		e.drivers[d.Name()] = d
 	}

@@ -76,23 +76,13 @@ func (e *Engine) PrepareShutdown(ctx context.Context) error {
 		State: journal.StepRunning, Attempt: 1, BootID: boot}); err != nil {
 		return fmt.Errorf("engine: journal shutdown intent: %w", err)
 	}
-	// Own the cordon before making it (a crash in between is undone too) —
-	// unless an earlier shutdown, not closed out yet (its next boot's wait
-	// for the node to be ready), owns it: that one gives the node back,
-	// against what the node had before it.
-	earlier := e.ownedBy(e.shutdownCordonKey())
-	if earlier == "" || earlier == uid {
-		if _, err := e.cfg.Journal.AddOwned(journal.Change{Kind: journal.ChangeCordon, Node: e.cfg.Node, Name: shutdownOwner, EventUID: uid, Value: shutdownOwner}); err != nil {
-			return fmt.Errorf("engine: journal shutdown cordon: %w", err)
-		}
-	}
 	e.mu.Lock()
-	if e.state != stateShuttingDown {
-		e.preShutdown = e.state
-	}
 	if e.returning != nil {
 		e.returning() // the node is going down again: no more waiting for it
 		e.returning = nil
+	}
+	if e.state != stateShuttingDown {
+		e.preShutdown = e.state
 	}
 	e.mu.Unlock()
 	e.setState(stateShuttingDown, "event", name)
@@ -114,6 +104,54 @@ func (e *Engine) PrepareShutdown(ctx context.Context) error {
 	if err := e.cfg.API.SetNodeConditions(ctx, e.cfg.Clock.Now(), conds...); err != nil {
 		e.log.Warn("shutdown: Node conditions not posted (queued in the outbox)", "event", name, "err", err)
 	}
+	cordoned, err := e.shutdownCordonNow(ctx, uid, name, boot)
+	if err != nil {
+		return err
+	}
+	if snap != nil {
+		select {
+		case p := <-snap:
+			if v, ok := p[drivers.ResolvedReadiness]; ok {
+				attrs[drivers.ResolvedReadiness] = v
+				if err := e.cfg.Journal.PutEvent(rec); err != nil {
+					e.log.Error("shutdown: journaling what the node has failed; its next boot compares against nothing", "event", name, "err", err)
+				}
+			}
+		case <-ctx.Done():
+			e.log.Warn("shutdown: what the node has was not read within the shutdown budget; its next boot compares against nothing", "event", name)
+		}
+	}
+	e.log.Info("shutdown prepared", "event", name, "cordoned", cordoned)
+	return nil
+}
+
+// shutdownCordonNow is PrepareShutdown's cordon, owned before it is made
+// (a crash in between is undone too) — unless an earlier shutdown, not
+// closed out yet (its next boot's wait for the node to be ready), owns it:
+// that one gives the node back, against what the node had before it. The
+// owner is read and the cordon made with the close-out of an earlier
+// shutdown kept out (shutdownCordon): that one either gave the node back
+// before (its record gone: this one cordons afresh), or sees this one
+// journaled and leaves the node alone (closeShutdown). Without it, a
+// close-out between its check and its uncordon lifted the cordon this
+// shutdown had just found and left to it: the node went down schedulable,
+// and its next boot had nothing to wait for. The wait for the close-out
+// is bounded by the shutdown budget (ctx). It reports whether the node is
+// cordoned for this shutdown; an error only when the journal refuses.
+func (e *Engine) shutdownCordonNow(ctx context.Context, uid, name, boot string) (bool, error) {
+	select {
+	case e.shutdownCordon <- struct{}{}:
+		defer func() { <-e.shutdownCordon }()
+	case <-ctx.Done():
+		e.log.Warn("shutdown: an earlier shutdown's close-out held the cordon past the shutdown budget; not cordoning", "event", name)
+		return false, nil
+	}
+	earlier := e.ownedBy(e.shutdownCordonKey())
+	if earlier == "" || earlier == uid {
+		if _, err := e.cfg.Journal.AddOwned(journal.Change{Kind: journal.ChangeCordon, Node: e.cfg.Node, Name: shutdownOwner, EventUID: uid, Value: shutdownOwner}); err != nil {
+			return false, fmt.Errorf("engine: journal shutdown cordon: %w", err)
+		}
+	}
 	ours, err := e.cfg.API.Cordon(ctx, shutdownOwner)
 	switch {
 	case err != nil:
@@ -130,21 +168,7 @@ func (e *Engine) PrepareShutdown(ctx context.Context) error {
 	case !ours:
 		_ = e.cfg.Journal.RemoveOwned(journal.Change{Kind: journal.ChangeCordon, Node: e.cfg.Node, Name: shutdownOwner}.Key())
 	}
-	if snap != nil {
-		select {
-		case p := <-snap:
-			if v, ok := p[drivers.ResolvedReadiness]; ok {
-				attrs[drivers.ResolvedReadiness] = v
-				if err := e.cfg.Journal.PutEvent(rec); err != nil {
-					e.log.Error("shutdown: journaling what the node has failed; its next boot compares against nothing", "event", name, "err", err)
-				}
-			}
-		case <-ctx.Done():
-			e.log.Warn("shutdown: what the node has was not read within the shutdown budget; its next boot compares against nothing", "event", name)
-		}
-	}
-	e.log.Info("shutdown prepared", "event", name, "cordoned", err == nil && ours)
-	return nil
+	return err == nil && ours, nil
 }
 
 // CancelShutdown reverts PrepareShutdown after PrepareForShutdown(false):
@@ -196,6 +220,12 @@ func (e *Engine) closeOutShutdowns(ctx context.Context) {
 			// during it). Keep it until logind says otherwise.
 			continue
 		}
+		if e.shutdownUnderway() {
+			// The node is going down again (announced during the start):
+			// the earlier record stays, closed out after this one is
+			// cancelled (closeOutAgain) or at the next boot.
+			return
+		}
 		// Through the outbox: it supersedes a ShuttingDown entry still
 		// queued from before the shutdown.
 		e.pushShutdownConditions(r, shutdownStart, corev1.ConditionTrue, returningMsg(r), false)
@@ -233,11 +263,15 @@ func (e *Engine) closeOutShutdowns(ctx context.Context) {
 		}
 		for ctx.Err() == nil {
 			e.alive()
-			if err := e.closeShutdown(ctx, r, reason, outcome, word); err == nil {
+			err := e.closeShutdown(ctx, r, reason, outcome, word)
+			if err == nil {
 				break
-			} else {
-				e.log.Warn("closing out the last shutdown failed; retrying", "event", r.Name, "err", err)
 			}
+			if errors.Is(err, errShutdownUnderway) {
+				e.log.Info("closing out the last shutdown waits: the node is shutting down again", "event", r.Name)
+				return
+			}
+			e.log.Warn("closing out the last shutdown failed; retrying", "event", r.Name, "err", err)
 			if !e.sleep(ctx, 2*time.Second) {
 				return
 			}
@@ -289,8 +323,22 @@ func (e *Engine) ensureShutdownCordon(ctx context.Context, r journal.EventRecord
 	}
 }
 
-func (e *Engine) closeShutdown(ctx context.Context, r journal.EventRecord, reason string, outcome journal.Outcome, word string) error {
-	msg := transitionMsg("shutdown", r.Name) + ": " + word
+// giveBackShutdownCordon is the close-out's cordon: left for an admin when
+// the node was not back in time and readiness.onTimeout keeps it, else
+// lifted when the shutdown owns it. For an earlier boot's shutdown this
+// happens only while no shutdown of this boot is underway, checked and
+// acted on with PrepareShutdown kept out (shutdownCordon):
+// errShutdownUnderway otherwise, and the record stays.
+func (e *Engine) giveBackShutdownCordon(ctx context.Context, r journal.EventRecord) error {
+	select {
+	case e.shutdownCordon <- struct{}{}:
+		defer func() { <-e.shutdownCordon }()
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	if r.UID != e.shutdownUID(e.cfg.Host.BootID()) && e.shutdownUnderway() {
+		return errShutdownUnderway
+	}
 	if e.owns(r.UID, e.shutdownKeptKey()) {
 		// The node was not back in time and readiness.onTimeout keeps
 		// it cordoned: the cordon stays, its annotation naming the
@@ -308,6 +356,25 @@ func (e *Engine) closeShutdown(ctx context.Context, r journal.EventRecord, reaso
 		}
 		_ = e.cfg.Journal.RemoveOwned(e.shutdownCordonKey())
 	}
+	return nil
+}
+
+// errShutdownUnderway: an earlier shutdown's close-out found a shutdown of
+// this boot journaled and running; the node is going down again.
+var errShutdownUnderway = errors.New("engine: a shutdown of this boot is underway")
+
+// shutdownUnderway reports whether a shutdown of this boot is journaled
+// and not closed out (announced, not cancelled).
+func (e *Engine) shutdownUnderway() bool {
+	r, ok, err := e.cfg.Journal.Event(e.shutdownUID(e.cfg.Host.BootID()))
+	return err == nil && ok && r.State == journal.EventRunning
+}
+
+func (e *Engine) closeShutdown(ctx context.Context, r journal.EventRecord, reason string, outcome journal.Outcome, word string) error {
+	if err := e.giveBackShutdownCordon(ctx, r); err != nil {
+		return err
+	}
+	msg := transitionMsg("shutdown", r.Name) + ": " + word
 	conds := e.shutdownConditions(reason, corev1.ConditionFalse, corev1.ConditionFalse, msg, r.Attrs["during"] != "")
 	// Through the outbox too: it supersedes a ShuttingDown entry still queued
 	// from before the shutdown, so that can never be delivered after this.

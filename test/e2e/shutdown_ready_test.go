@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"slices"
@@ -8,7 +9,10 @@ import (
 	"testing"
 	"time"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/lifecycle-agent/lifecycle-agent/api/v1alpha1"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/config"
@@ -248,4 +252,98 @@ func stepsOf(h journal.HistoryRecord) string {
 		out = append(out, n+"="+last[n])
 	}
 	return strings.Join(out, ",")
+}
+
+// An earlier boot's shutdown closes out, its waits done, and its uncordon
+// is refused (an admission policy stands in for a failing API server: the
+// close-out retries every 2 s); logind announces a new shutdown then, which
+// finds the node cordoned by the earlier shutdown and leaves the cordon to
+// it. When the uncordon would go through again, the earlier close-out must
+// not give the node back: it is going down again. Before, the retried
+// uncordon lifted the cordon: the node went down schedulable, and its next
+// boot had nothing to wait for (the new shutdown owned no cordon).
+func TestShutdownDuringTheCloseOut(t *testing.T) {
+	node := "shutdown-closeout-node"
+	newNode(t, node)
+	srv := logindtest.Start(t, logindtest.Options{InhibitDelayMax: 30 * time.Second})
+	a := startAgent(t, node, agentOpts{retention: time.Hour, logind: srv.Address()})
+	announce(t, srv, waitDelayLock(t, srv))
+	a.stop(t)
+	if n := getNode(t, node); !n.Spec.Unschedulable {
+		t.Fatal("the first shutdown did not cordon the node")
+	}
+	allow := refuseNodeUpdates(t, node)
+	if err := os.WriteFile(filepath.Join(a.dir, hostops.SimulatedBootIDFile), []byte("6a3d2e8f-1b5c-4d4e-9f0a-2b3c4d5e6f7a\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	srv2 := logindtest.Start(t, logindtest.Options{InhibitDelayMax: 30 * time.Second})
+	a2 := startAgent(t, node, agentOpts{retention: time.Hour, logind: srv2.Address(), dir: a.dir})
+	waitFor(t, "the close-out's uncordon refused and retried", 60*time.Second, func() bool {
+		return strings.Contains(a2.logBuf.String(), "closing out the last shutdown failed; retrying")
+	})
+	announce(t, srv2, waitDelayLock(t, srv2))
+	waitFor(t, "the new shutdown prepared", 30*time.Second, func() bool {
+		return strings.Contains(a2.logBuf.String(), "shutdown prepared")
+	})
+	allow()
+	time.Sleep(3 * time.Second) // the close-out's next retry, 2 s after its last
+	if n := getNode(t, node); !n.Spec.Unschedulable || n.Annotations[v1alpha1.AnnotationCordonedBy] != "shutdown" {
+		t.Fatalf("the earlier shutdown's close-out gave the node back during the new shutdown: unschedulable=%v %v", n.Spec.Unschedulable, n.Annotations)
+	}
+	if lt, gns, _ := shutdownConds(t, node); lt == nil || lt.Reason == "ShutdownComplete" || gns == nil || gns.Status != corev1.ConditionTrue {
+		t.Errorf("conditions during the new shutdown: LifecycleTransition %+v, GracefulNodeShutdownInProgress %+v; want it shutting down", lt, gns)
+	}
+	if !strings.Contains(a2.logBuf.String(), "the node is shutting down again") {
+		t.Errorf("the agent's log does not say the close-out waits for the new shutdown:\n%s", a2.logBuf.String())
+	}
+}
+
+// refuseNodeUpdates installs an admission policy that refuses every update
+// of node (not its status), and returns the function that removes it; both
+// wait until the API server applies the change.
+func refuseNodeUpdates(t *testing.T, node string) (allow func()) {
+	t.Helper()
+	ctx := context.Background()
+	cs := kubernetes.NewForConfigOrDie(env.AdminConfig())
+	name := "refuse-" + node
+	fail := admissionregistrationv1.Fail
+	pol := &admissionregistrationv1.ValidatingAdmissionPolicy{ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: admissionregistrationv1.ValidatingAdmissionPolicySpec{
+			FailurePolicy: &fail,
+			MatchConstraints: &admissionregistrationv1.MatchResources{ResourceRules: []admissionregistrationv1.NamedRuleWithOperations{{
+				RuleWithOperations: admissionregistrationv1.RuleWithOperations{Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Update},
+					Rule: admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"nodes"}}},
+			}}},
+			Validations: []admissionregistrationv1.Validation{{Expression: "object.metadata.name != '" + node + "'", Message: "test: updates of " + node + " refused"}},
+		}}
+	if _, err := cs.AdmissionregistrationV1().ValidatingAdmissionPolicies().Create(ctx, pol, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	bind := &admissionregistrationv1.ValidatingAdmissionPolicyBinding{ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: admissionregistrationv1.ValidatingAdmissionPolicyBindingSpec{PolicyName: name,
+			ValidationActions: []admissionregistrationv1.ValidationAction{admissionregistrationv1.Deny}}}
+	if _, err := cs.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Create(ctx, bind, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	refused := func() bool {
+		n, err := cs.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+		if err != nil {
+			return false
+		}
+		_, err = cs.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{DryRun: []string{metav1.DryRunAll}})
+		return err != nil && strings.Contains(err.Error(), "refused")
+	}
+	waitFor(t, "the policy refusing updates of "+node, 30*time.Second, refused)
+	removed := false
+	allow = func() {
+		if removed {
+			return
+		}
+		removed = true
+		_ = cs.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Delete(ctx, name, metav1.DeleteOptions{})
+		_ = cs.AdmissionregistrationV1().ValidatingAdmissionPolicies().Delete(ctx, name, metav1.DeleteOptions{})
+		waitFor(t, "the policy refusing updates of "+node+" gone", 30*time.Second, func() bool { return !refused() })
+	}
+	t.Cleanup(allow)
+	return allow
 }
