@@ -98,21 +98,28 @@ func (c *Client) SetNodeConditions(ctx context.Context, now time.Time, conds ...
 // for another owner — and then nothing is written. It is idempotent: a node
 // already cordoned for the same owner reports true.
 func (c *Client) Cordon(ctx context.Context, owner string) (ours bool, err error) {
-	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		var e error
-		ours, e = c.cordonOnce(ctx, owner)
-		return e
-	})
+	ours, _, err = c.CordonMade(ctx, owner)
 	return ours, err
 }
 
-func (c *Client) cordonOnce(ctx context.Context, owner string) (ours bool, err error) {
+// CordonMade is Cordon that also reports whether this call made the cordon
+// (made) rather than finding the node already cordoned for owner.
+func (c *Client) CordonMade(ctx context.Context, owner string) (ours, made bool, err error) {
+	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		var e error
+		ours, made, e = c.cordonOnce(ctx, owner)
+		return e
+	})
+	return ours, made, err
+}
+
+func (c *Client) cordonOnce(ctx context.Context, owner string) (ours, made bool, err error) {
 	node, err := c.GetNode(ctx)
 	if err != nil {
-		return false, err
+		return false, false, err
 	}
 	if node.Spec.Unschedulable {
-		return node.Annotations[v1alpha1.AnnotationCordonedBy] == owner, nil
+		return node.Annotations[v1alpha1.AnnotationCordonedBy] == owner, false, nil
 	}
 	patch, _ := json.Marshal(map[string]any{
 		"metadata": map[string]any{"resourceVersion": node.ResourceVersion, "annotations": map[string]any{v1alpha1.AnnotationCordonedBy: owner}},
@@ -120,11 +127,11 @@ func (c *Client) cordonOnce(ctx context.Context, owner string) (ours bool, err e
 	})
 	if _, err := c.Core.CoreV1().Nodes().Patch(ctx, c.Node, types.StrategicMergePatchType, patch, metav1.PatchOptions{}); err != nil {
 		if apierrors.IsConflict(err) {
-			return false, err // retried with a fresh read
+			return false, false, err // retried with a fresh read
 		}
-		return false, fmt.Errorf("apiclient: cordon node %s: %w", c.Node, err)
+		return false, false, fmt.Errorf("apiclient: cordon node %s: %w", c.Node, err)
 	}
-	return true, nil
+	return true, true, nil
 }
 
 // CordonOwner returns the value of the ownership annotation ("" if none)

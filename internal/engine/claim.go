@@ -72,6 +72,16 @@ func (e *Engine) tryClaim(ctx context.Context, fresh []*v1alpha1.LifecycleEvent)
 	}); len(mine) > 0 {
 		cands = mine
 	}
+	if cands[0].Status.ClaimStatus != v1alpha1.LifecycleEventClaimed && e.shutdownUnderway() {
+		// The node is shutting down (logind announced it in this boot and
+		// it is not cancelled): nothing new starts on it — an event claimed
+		// now would evict and take its Lease and slot during the kubelet's
+		// graceful shutdown, and run on a node whose return no one has
+		// checked yet. Claimed at the next boot, after the shutdown's
+		// close-out, or once the shutdown is cancelled.
+		e.markQueue(ctx, cands, "waiting: the node is shutting down")
+		return nil
+	}
 	e.slotQueued = false
 	e.clearPlanned(ctx, cands)
 	for i, cached := range cands {

@@ -68,6 +68,19 @@ func (e *Engine) PrepareShutdown(ctx context.Context) error {
 		attrs["during"] = e.current.name // e.g. the reboot driver's own reboot
 	}
 	e.mu.Unlock()
+	if prev, ok, err := e.cfg.Journal.Event(uid); err == nil && ok && prev.State == journal.EventRunning {
+		// Announced again in this boot, the first not closed out: the
+		// agent restarted in the delay window (logind still preparing),
+		// or a cancel the API server did not take. What the first
+		// announcement read stands: the node as it was before the
+		// shutdown began (the kubelet may be stopping its pods by now),
+		// and the event it came during.
+		for k, v := range prev.Attrs {
+			if _, set := attrs[k]; !set {
+				attrs[k] = v
+			}
+		}
+	}
 	rec := journal.EventRecord{UID: uid, Name: name, Driver: ShutdownDriver, State: journal.EventRunning, Attrs: attrs}
 	if err := e.cfg.Journal.PutEvent(rec); err != nil {
 		return fmt.Errorf("engine: journal shutdown: %w", err)
@@ -90,7 +103,7 @@ func (e *Engine) PrepareShutdown(ctx context.Context) error {
 	// given back (shutdown_return.go): read beside the conditions and the
 	// cordon, journaled before the lock is released.
 	var snap chan map[string]string
-	if e.cfg.ShutdownReturn.Snapshot != nil {
+	if _, taken := attrs[drivers.ResolvedReadiness]; e.cfg.ShutdownReturn.Snapshot != nil && !taken {
 		snap = make(chan map[string]string, 1)
 		go func() { snap <- e.cfg.ShutdownReturn.Snapshot(ctx, e.log.Warn) }()
 	}
@@ -152,10 +165,18 @@ func (e *Engine) shutdownCordonNow(ctx context.Context, uid, name, boot string) 
 			return false, fmt.Errorf("engine: journal shutdown cordon: %w", err)
 		}
 	}
-	ours, err := e.cfg.API.Cordon(ctx, shutdownOwner)
+	ours, made, err := e.cfg.API.CordonMade(ctx, shutdownOwner)
 	switch {
 	case err != nil:
 		e.log.Warn("shutdown: cordon failed; the journal keeps the intent (the next boot cordons before its wait)", "event", name, "err", err)
+	case ours && !made && earlier == "":
+		// Cordoned for "shutdown" already, and no shutdown owns it: a
+		// cordon an earlier shutdown kept for an admin (the node not back
+		// in time, readiness.onTimeout keepCordoned). It stays the
+		// admin's: this shutdown, cancelled or closed out, leaves it.
+		_ = e.cfg.Journal.RemoveOwned(journal.Change{Kind: journal.ChangeCordon, Node: e.cfg.Node, Name: shutdownOwner}.Key())
+		e.log.Info("shutdown: the node is cordoned already, kept by an earlier shutdown for an admin; left as it is", "event", name)
+		ours = false
 	case ours && (earlier == "" || earlier == uid):
 		// Made: the next boot does not make it again (ensureShutdownCordon),
 		// so an admin's uncordon in between stands.

@@ -347,3 +347,124 @@ func refuseNodeUpdates(t *testing.T, node string) (allow func()) {
 	t.Cleanup(allow)
 	return allow
 }
+
+// A cordon kept by an earlier shutdown for an admin (the node not back in
+// time: NotReadyAfterShutdown, cordoned-by: shutdown, no longer the
+// agent's) stays when another shutdown is announced in that boot and then
+// cancelled. Before, the new shutdown took the cordon as its own (it found
+// the node cordoned for "shutdown") and its cancel uncordoned the node at
+// once, with 0 of its 8 GPUs.
+func TestShutdownLeavesAKeptCordon(t *testing.T) {
+	node := "shutdown-kept-node"
+	r := newReadinessNode(t, node)
+	configure := func(c *config.Config) { c.Readiness.Timeout = 3 * time.Second }
+	a, srv := shutdownAndPowerOn(t, r, configure, func() { r.setGPUs(0) })
+	waitShutdownCondition(t, node, corev1.ConditionFalse, "NotReadyAfterShutdown", "allocatable nvidia.com/gpu is 0 of 8")
+	waitFor(t, "the node kept cordoned", 30*time.Second, func() bool {
+		n := getNode(t, node)
+		return n.Spec.Unschedulable && n.Annotations[v1alpha1.AnnotationCordonedBy] == "shutdown"
+	})
+	announce(t, srv, waitDelayLock(t, srv))
+	if err := srv.EmitPrepareForShutdown(false); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the new shutdown closed out as cancelled", 30*time.Second, func() bool {
+		return strings.Contains(a.logBuf.String(), "reason=ShutdownCancelled")
+	})
+	if n := getNode(t, node); !n.Spec.Unschedulable || n.Annotations[v1alpha1.AnnotationCordonedBy] != "shutdown" {
+		t.Fatalf("the cancelled shutdown lifted the cordon kept for an admin: unschedulable=%v %v", n.Spec.Unschedulable, n.Annotations)
+	}
+	if !strings.Contains(a.logBuf.String(), "kept by an earlier shutdown for an admin") {
+		t.Errorf("the agent's log does not say the kept cordon is left:\n%s", a.logBuf.String())
+	}
+}
+
+// A shutdown cancelled while the API server does not answer stays
+// journaled (the cancel's uncordon is retried); announced again before the
+// server answers, what its first announcement read of the node stands.
+// Before, the second announcement replaced the shutdown's record: its read
+// of the node failed (or, with the server up, read a node whose kubelet
+// was stopping its pods), the next boot compared against nothing, and the
+// node was given back with 0 of its 8 GPUs.
+func TestShutdownAnnouncedAgainKeepsWhatTheNodeHad(t *testing.T) {
+	node := "shutdown-again-snap-node"
+	r := newReadinessNode(t, node)
+	proxy, err := env.NewCutProxy()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(proxy.Close)
+	srv := logindtest.Start(t, logindtest.Options{InhibitDelayMax: 30 * time.Second})
+	a := startAgent(t, node, agentOpts{retention: time.Hour, logind: srv.Address(), budget: 3 * time.Second, rest: proxy.Config(env.NodeConfig(node))})
+	announce(t, srv, waitDelayLock(t, srv))
+	proxy.Cut()
+	r.setGPUs(0)
+	if err := srv.EmitPrepareForShutdown(false); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the cancel's revert failing with the API server cut off", 30*time.Second, func() bool {
+		return strings.Contains(a.logBuf.String(), "reverting the shutdown failed; retrying")
+	})
+	announce(t, srv, waitDelayLock(t, srv))
+	a.stop(t)
+	doc := exportJournal(t, a.Journal)
+	if len(doc.Events) != 1 {
+		t.Fatalf("journal: events %+v, want the shutdown", doc.Events)
+	}
+	snap, err := readiness.Decode(doc.Events[0].Attrs[drivers.ResolvedReadiness])
+	if err != nil || snap.Allocatable["nvidia.com/gpu"] != 8 {
+		t.Fatalf("what the shutdown journaled of the node after the second announcement: %+v (%v), want the first's 8 GPUs", snap, err)
+	}
+	proxy.Heal()
+	if err := os.WriteFile(filepath.Join(a.dir, hostops.SimulatedBootIDFile), []byte("7b4e3f90-2c6d-4e5f-8a1b-3c4d5e6f7a8b\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	srv2 := logindtest.Start(t, logindtest.Options{InhibitDelayMax: 30 * time.Second})
+	startAgent(t, node, agentOpts{retention: time.Hour, logind: srv2.Address(), dir: a.dir})
+	waitShutdownCondition(t, node, corev1.ConditionTrue, "ShuttingDown", "allocatable nvidia.com/gpu is 0 of 8")
+	if !getNode(t, node).Spec.Unschedulable {
+		t.Error("the node is not cordoned while its GPUs are missing")
+	}
+}
+
+// While a shutdown is under way (here announced during the boot after
+// an earlier one, whose close-out waits for the node's GPUs), no new event
+// is claimed: it waits, Pending, naming the shutdown, and is claimed once
+// the shutdown is cancelled and the earlier one's close-out gave the node
+// back. Before, the close-out cut short by the new shutdown went straight
+// on to claim it: a drain during the kubelet's graceful shutdown, on a
+// node whose return no one had checked.
+func TestShutdownHoldsNewEvents(t *testing.T) {
+	node := "shutdown-holds-node"
+	r := newReadinessNode(t, node)
+	a, srv := shutdownAndPowerOn(t, r, nil, func() { r.setGPUs(0) })
+	waitShutdownCondition(t, node, corev1.ConditionTrue, "ShuttingDown", "allocatable nvidia.com/gpu is 0 of 8")
+	announce(t, srv, waitDelayLock(t, srv))
+	waitFor(t, "the new shutdown prepared", 30*time.Second, func() bool {
+		return strings.Contains(a.logBuf.String(), "shutdown prepared")
+	})
+	waitTransition(t, transitionName(node, "drain"))
+	name := node + "-drain"
+	createEvent(t, name, node, transitionName(node, "drain"), nil, nil)
+	lc := clients(t, env.AdminConfig())
+	waitFor(t, "the event Pending, naming the shutdown", 30*time.Second, func() bool {
+		ev, err := lc.Events.Get(context.Background(), name, metav1.GetOptions{})
+		return err == nil && ev.Status.ClaimStatus == v1alpha1.LifecycleEventPending && strings.Contains(ev.Status.Message, "the node is shutting down")
+	})
+	time.Sleep(2 * time.Second) // a claim still to come would be here by now
+	if ev, err := lc.Events.Get(context.Background(), name, metav1.GetOptions{}); err != nil || ev.Status.ClaimStatus != v1alpha1.LifecycleEventPending {
+		t.Fatalf("during the shutdown the event is %v (%v), want Pending", ev.Status.ClaimStatus, err)
+	}
+	if err := srv.EmitPrepareForShutdown(false); err != nil {
+		t.Fatal(err)
+	}
+	r.setGPUs(8)
+	if ev := waitEvent(t, name, time.Minute); ev.Status.ClaimStatus != v1alpha1.LifecycleEventSucceeded {
+		t.Fatalf("the drain after the shutdown ended %s: %s", ev.Status.ClaimStatus, ev.Status.Message)
+	}
+	log := a.logBuf.String()
+	closed, claimed := strings.Index(log, "reason=ShutdownComplete"), strings.Index(log, "msg=claimed")
+	if closed < 0 || claimed < closed {
+		t.Errorf("the event was claimed before the first shutdown's close-out gave the node back (log offsets %d, %d)", claimed, closed)
+	}
+}
