@@ -44,7 +44,9 @@
 // API cost: the claim takes this node's transition from an informer
 // (apiclient.WatchTransitions; a transition for several nodes is read, and
 // the Node too for a nodeSelector) and takes the Lease and the status with
-// the copies the watch and its own last writes hold, falling back to a read only on a conflict;
+// the copies the watch and its own last writes hold, falling back to a read only on a conflict
+// (both on the client's claim lane: a token bucket of their own, so a claim
+// never waits for the previous event's writes, apiclient.New);
 // likewise status writes, the finalizer and Node conditions reuse what the
 // previous write returned. An event then costs, in writes: claim, Lease
 // taken and released, finalizer added and removed, the LifecycleTransition
