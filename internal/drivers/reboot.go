@@ -290,19 +290,16 @@ func (c RebootConfig) readyStep() Step {
 		if rt.Host().Simulated() {
 			boot, inBoot = "", " (simulate: its boot ID is not compared, no kubelet restarted)"
 		}
-		// Bounded from the wait's first start (journaled: StepStarted),
-		// as the workloads' wait is: an agent restarted, or the step
-		// retried after an outage, does not begin the timeout again; a
-		// wait resumed past it looks once more (lastLook).
-		now := c.clock().Now()
-		deadline, resumed := waitDeadline(now, rt.StepStarted(), timeout, "reboot.readyTimeout")
-		wait := deadline.Sub(now)
-		if wait <= 0 {
-			wait = min(timeout, lastLook)
-		}
-		rt.Progress(fmt.Sprintf("waiting up to %s for the kubelet to report the node Ready%s%s", timeout, inBoot, resumed))
+		// A fresh timeout for each run of the step, unlike readiness.timeout
+		// (anchored to the wait's first start): the step is retried while
+		// the API server does not answer (its error transient), and a wait
+		// anchored to its first start would give the kubelet one short
+		// look after an outage longer than the timeout — a whole cluster
+		// powered down and up, every node then cordoned NotReady. The
+		// event's sla bounds the retries (and its end keeps the cordon).
+		rt.Progress(fmt.Sprintf("waiting up to %s for the kubelet to report the node Ready%s", timeout, inBoot))
 		var last error
-		ready, err := c.waitFor(ctx, wait, func() bool {
+		ready, err := c.waitFor(ctx, timeout, func() bool {
 			ok, err := rt.API().NodeReady(ctx, boot)
 			last = err
 			return err == nil && ok

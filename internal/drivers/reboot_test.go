@@ -286,38 +286,3 @@ func TestRebootStepCancelled(t *testing.T) {
 		t.Fatal("the reboot step did not stop on cancel")
 	}
 }
-
-// TestReadyWaitResumed: wait-ready's reboot.readyTimeout counts from the
-// wait's first start (StepStarted, journaled by the engine), so an agent
-// restarted during it, or the step retried, does not begin it again: a
-// wait resumed with 200 ms of its hour left fails then, naming the
-// timeout, and one resumed past it looks once more (a Ready node passes).
-// Without it, the first wait ran for the whole hour again.
-func TestReadyWaitResumed(t *testing.T) {
-	cfg := fastReboot()
-	cfg.ReadyTimeout = time.Hour
-	step := cfg.readyStep()
-
-	rt := newFake()
-	rt.host.bootID = "boot-2"
-	rt.api.readyAfter = 0 // never Ready
-	rt.started = time.Now().Add(-time.Hour + 200*time.Millisecond)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	err := step.Run(ctx, rt)
-	if err == nil || !strings.Contains(err.Error(), "did not become Ready within 1h0m0s (reboot.readyTimeout)") {
-		t.Fatalf("resumed wait ended with %v, want the readyTimeout failure within what was left", err)
-	}
-	if !rt.progressed("resumed after a restart") {
-		t.Errorf("the progress does not say the wait was resumed:\n%s", rt.allProgress())
-	}
-
-	rt = newFake()
-	rt.started = time.Now().Add(-2 * time.Hour)
-	if err := step.Run(context.Background(), rt); err != nil {
-		t.Fatalf("a Ready node after a wait resumed past its deadline: %v, want the one last look to pass", err)
-	}
-	if !rt.progressed("past reboot.readyTimeout, one last look") {
-		t.Errorf("the progress does not say it is the last look:\n%s", rt.allProgress())
-	}
-}

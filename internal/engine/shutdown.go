@@ -107,6 +107,14 @@ func (e *Engine) PrepareShutdown(ctx context.Context) error {
 		snap = make(chan map[string]string, 1)
 		go func() { snap <- e.cfg.ShutdownReturn.Snapshot(ctx, e.log.Warn) }()
 	}
+	// The cordon's owner, journaled before any API call (the budget may
+	// run out in them: a server that does not answer), with the close-out
+	// of an earlier shutdown kept out until the cordon is made.
+	own, err := e.ownShutdownCordon(ctx, uid, name)
+	if err != nil {
+		return err
+	}
+	defer own.release()
 	msg := transitionMsg("shutdown", name) + ": the node is shutting down"
 	conds := e.shutdownConditions(shutdownStart, corev1.ConditionTrue, corev1.ConditionTrue, msg, attrs["during"] != "")
 	raw, _ := json.Marshal(nodePayload{Conditions: conds})
@@ -117,10 +125,8 @@ func (e *Engine) PrepareShutdown(ctx context.Context) error {
 	if err := e.cfg.API.SetNodeConditions(ctx, e.cfg.Clock.Now(), conds...); err != nil {
 		e.log.Warn("shutdown: Node conditions not posted (queued in the outbox)", "event", name, "err", err)
 	}
-	cordoned, err := e.shutdownCordonNow(ctx, uid, name, boot)
-	if err != nil {
-		return err
-	}
+	cordoned := e.makeShutdownCordon(ctx, own, uid, name, boot)
+	own.release()
 	if snap != nil {
 		select {
 		case p := <-snap:
@@ -138,33 +144,68 @@ func (e *Engine) PrepareShutdown(ctx context.Context) error {
 	return nil
 }
 
-// shutdownCordonNow is PrepareShutdown's cordon, owned before it is made
-// (a crash in between is undone too) — unless an earlier shutdown, not
-// closed out yet (its next boot's wait for the node to be ready), owns it:
-// that one gives the node back, against what the node had before it. The
-// owner is read and the cordon made with the close-out of an earlier
-// shutdown kept out (shutdownCordon): that one either gave the node back
-// before (its record gone: this one cordons afresh), or sees this one
-// journaled and leaves the node alone (closeShutdown). Without it, a
-// close-out between its check and its uncordon lifted the cordon this
-// shutdown had just found and left to it: the node went down schedulable,
-// and its next boot had nothing to wait for. The wait for the close-out
-// is bounded by the shutdown budget (ctx). It reports whether the node is
-// cordoned for this shutdown; an error only when the journal refuses.
-func (e *Engine) shutdownCordonNow(ctx context.Context, uid, name, boot string) (bool, error) {
+// shutdownOwnership is what ownShutdownCordon decided, for
+// makeShutdownCordon: whether the semaphore is held, and the shutdown that
+// owned the cordon before ("" for none).
+type shutdownOwnership struct {
+	locked   bool
+	earlier  string
+	released bool
+	e        *Engine
+}
+
+func (o *shutdownOwnership) release() {
+	if o.locked && !o.released {
+		o.released = true
+		<-o.e.shutdownCordon
+	}
+}
+
+// ownShutdownCordon journals PrepareShutdown's cordon as its own before it
+// is made (a crash in between is undone too) — unless an earlier shutdown,
+// not closed out yet (its next boot's wait for the node to be ready), owns
+// it: that one gives the node back, against what the node had before it.
+// The owner is read, and the cordon later made (makeShutdownCordon), with
+// the close-out of an earlier shutdown kept out (shutdownCordon, released
+// by the caller): that one either gave the node back before (its record
+// gone: this one cordons afresh), or sees this one journaled and leaves
+// the node alone (giveBackShutdownCordon). Without it, a close-out between
+// its check and its uncordon lifted the cordon this shutdown had just
+// found and left to it: the node went down schedulable, and its next boot
+// had nothing to wait for. Waiting for a close-out is bounded by the
+// shutdown budget (ctx): past it, nothing is owned or cordoned.
+func (e *Engine) ownShutdownCordon(ctx context.Context, uid, name string) (*shutdownOwnership, error) {
+	o := &shutdownOwnership{e: e}
 	select {
 	case e.shutdownCordon <- struct{}{}:
-		defer func() { <-e.shutdownCordon }()
-	case <-ctx.Done():
-		e.log.Warn("shutdown: an earlier shutdown's close-out held the cordon past the shutdown budget; not cordoning", "event", name)
-		return false, nil
-	}
-	earlier := e.ownedBy(e.shutdownCordonKey())
-	if earlier == "" || earlier == uid {
-		if _, err := e.cfg.Journal.AddOwned(journal.Change{Kind: journal.ChangeCordon, Node: e.cfg.Node, Name: shutdownOwner, EventUID: uid, Value: shutdownOwner}); err != nil {
-			return false, fmt.Errorf("engine: journal shutdown cordon: %w", err)
+		o.locked = true
+	default:
+		select {
+		case e.shutdownCordon <- struct{}{}:
+			o.locked = true
+		case <-ctx.Done():
+			e.log.Warn("shutdown: an earlier shutdown's close-out held the cordon past the shutdown budget; not cordoning", "event", name)
+			return o, nil
 		}
 	}
+	o.earlier = e.ownedBy(e.shutdownCordonKey())
+	if o.earlier == "" || o.earlier == uid {
+		if _, err := e.cfg.Journal.AddOwned(journal.Change{Kind: journal.ChangeCordon, Node: e.cfg.Node, Name: shutdownOwner, EventUID: uid, Value: shutdownOwner}); err != nil {
+			o.release()
+			return o, fmt.Errorf("engine: journal shutdown cordon: %w", err)
+		}
+	}
+	return o, nil
+}
+
+// makeShutdownCordon makes the cordon ownShutdownCordon decided on, within
+// the budget (ctx). It reports whether the node is cordoned for this
+// shutdown.
+func (e *Engine) makeShutdownCordon(ctx context.Context, o *shutdownOwnership, uid, name, boot string) bool {
+	if !o.locked {
+		return false
+	}
+	earlier := o.earlier
 	ours, made, err := e.cfg.API.CordonMade(ctx, shutdownOwner)
 	switch {
 	case err != nil:
@@ -189,7 +230,7 @@ func (e *Engine) shutdownCordonNow(ctx context.Context, uid, name, boot string) 
 	case !ours:
 		_ = e.cfg.Journal.RemoveOwned(journal.Change{Kind: journal.ChangeCordon, Node: e.cfg.Node, Name: shutdownOwner}.Key())
 	}
-	return err == nil && ours, nil
+	return err == nil && ours
 }
 
 // CancelShutdown reverts PrepareShutdown after PrepareForShutdown(false):
@@ -313,14 +354,14 @@ const shutdownCordonStep = "cordon"
 // someone else's cordon found now is left, and the record dropped. It
 // retries until the API server answers; false when ctx ended.
 func (e *Engine) ensureShutdownCordon(ctx context.Context, r journal.EventRecord) bool {
-	if !e.owns(r.UID, e.shutdownCordonKey()) || len(e.cfg.ShutdownReturn.Steps) == 0 {
+	if !e.owns(r.UID, e.shutdownCordonKey()) || len(e.cfg.ShutdownReturn.Steps) == 0 || r.Attrs["during"] != "" {
+		// (A shutdown during an event — its own reboot — is covered by the
+		// event's cordon and waits, resumed from its journal.)
 		return true
 	}
 	recs, _ := e.cfg.Journal.Steps(r.UID)
-	for _, rec := range recs {
-		if rec.Step == shutdownCordonStep && rec.Phase == journal.PhaseDone {
-			return true
-		}
+	if cordonMadeForLastAnnouncement(recs) {
+		return true
 	}
 	for i := 1; ; i++ {
 		e.alive()
@@ -385,10 +426,36 @@ func (e *Engine) giveBackShutdownCordon(ctx context.Context, r journal.EventReco
 var errShutdownUnderway = errors.New("engine: a shutdown of this boot is underway")
 
 // shutdownUnderway reports whether a shutdown of this boot is journaled
-// and not closed out (announced, not cancelled).
+// and not closed out (announced, not cancelled), announced less than
+// shutdownStale ago: a record older than that in the same boot is one
+// whose cancel was never seen (logind unreadable at a restart, a revert
+// refused for good), not a machine on its way down, and holds nothing up.
 func (e *Engine) shutdownUnderway() bool {
 	r, ok, err := e.cfg.Journal.Event(e.shutdownUID(e.cfg.Host.BootID()))
-	return err == nil && ok && r.State == journal.EventRunning
+	return err == nil && ok && r.State == journal.EventRunning && e.cfg.Clock.Since(r.Updated) < shutdownStale
+}
+
+// shutdownStale bounds how long a shutdown of this boot holds new claims
+// and an earlier shutdown's close-out: longer than any delay logind grants
+// (InhibitDelayMaxSec) and the kubelet's graceful node shutdown.
+const shutdownStale = 30 * time.Minute
+
+// cordonMadeForLastAnnouncement reports whether a shutdown's steps record
+// its cordon made after its last announcement (its last "shutdown"
+// intent): one made for an earlier announcement (announced, cordoned,
+// cancelled and uncordoned while the API server did not take the
+// conditions, then announced again) does not count.
+func cordonMadeForLastAnnouncement(recs []journal.StepRecord) bool {
+	made := false
+	for _, rec := range recs {
+		switch {
+		case rec.Step == "shutdown" && rec.Phase == journal.PhaseIntent:
+			made = false
+		case rec.Step == shutdownCordonStep && rec.Phase == journal.PhaseDone:
+			made = true
+		}
+	}
+	return made
 }
 
 func (e *Engine) closeShutdown(ctx context.Context, r journal.EventRecord, reason string, outcome journal.Outcome, word string) error {

@@ -146,3 +146,51 @@ func TestRebuiltStepsFailed(t *testing.T) {
 		}
 	}
 }
+
+// The next boot makes a shutdown's cordon when the journal has no record
+// of it made for the last announcement: a cordon made for an earlier
+// announcement of the same shutdown (cancelled and uncordoned, the record
+// kept because the API server did not take the conditions) does not count.
+func TestCordonMadeForLastAnnouncement(t *testing.T) {
+	intent := journal.StepRecord{Step: "shutdown", Phase: journal.PhaseIntent, State: journal.StepRunning}
+	made := journal.StepRecord{Step: shutdownCordonStep, Phase: journal.PhaseDone, State: journal.StepDone}
+	for _, tc := range []struct {
+		name string
+		recs []journal.StepRecord
+		want bool
+	}{
+		{"made", []journal.StepRecord{intent, made}, true},
+		{"not made (the API server did not answer)", []journal.StepRecord{intent}, false},
+		{"made for an earlier announcement, announced again", []journal.StepRecord{intent, made, intent}, false},
+		{"made again after the second announcement", []journal.StepRecord{intent, made, intent, made}, true},
+	} {
+		if got := cordonMadeForLastAnnouncement(tc.recs); got != tc.want {
+			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
+// A shutdown of this boot holds new claims and an earlier shutdown's
+// close-out only while it can be one on its way down: a record left
+// Running in the same boot for longer than shutdownStale (its cancel never
+// seen) holds nothing up, or every new event waited until the next reboot.
+func TestShutdownUnderwayIsBounded(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Date(2026, 12, 7, 12, 0, 0, 0, time.UTC))
+	e := newOfflineEngine(t, clk)
+	boot := e.cfg.Host.BootID()
+	if e.shutdownUnderway() {
+		t.Fatal("underway with nothing journaled")
+	}
+	r := journal.EventRecord{UID: e.shutdownUID(boot), Name: "shutdown-n", Driver: ShutdownDriver, State: journal.EventRunning,
+		Attrs: map[string]string{"bootID": boot, "local": "true"}}
+	if err := e.cfg.Journal.PutEvent(r); err != nil {
+		t.Fatal(err)
+	}
+	if !e.shutdownUnderway() {
+		t.Fatal("a shutdown just announced is not underway")
+	}
+	clk.Step(shutdownStale + time.Minute)
+	if e.shutdownUnderway() {
+		t.Errorf("a same-boot shutdown announced %s ago still holds everything up", shutdownStale+time.Minute)
+	}
+}

@@ -361,3 +361,59 @@ func TestShutdownCancelledDuringOutage(t *testing.T) {
 		return !n.Spec.Unschedulable && lt != nil && lt.Reason == "ShutdownCancelled" && gns != nil && gns.Status == corev1.ConditionFalse
 	})
 }
+
+// A shutdown while the API server does not answer at all (a blackholed
+// link: requests hang until the shutdown budget runs out, as when the
+// control plane was powered off first): the delay lock is released within
+// the budget, and the cordon the shutdown could not make is journaled as
+// its own before any API call, so the next boot makes it before its wait.
+// (In this session's first version of the close-out's serialisation the
+// record came after the conditions' API call, and a budget spent there
+// skipped it.)
+func TestShutdownWhileAPIBlackholed(t *testing.T) {
+	node := "shutdown-blackhole-node"
+	newNode(t, node)
+	proxy, err := env.NewCutProxy()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(proxy.Close)
+	srv := logindtest.Start(t, logindtest.Options{InhibitDelayMax: 30 * time.Second})
+	budget := 2 * time.Second
+	a := startAgent(t, node, agentOpts{retention: time.Hour, logind: srv.Address(), budget: budget, rest: proxy.Config(env.NodeConfig(node))})
+	lock := waitDelayLock(t, srv)
+	proxy.Blackhole()
+	start := time.Now()
+	announce(t, srv, lock)
+	if took := time.Since(start); took > budget+2*time.Second {
+		t.Errorf("the delay lock was released after %s; the budget is %s", took, budget)
+	}
+	a.stop(t)
+	proxy.Heal()
+	doc := exportJournal(t, a.Journal)
+	if len(doc.Owned) != 1 || doc.Owned[0].Name != "shutdown" {
+		t.Fatalf("journal after a shutdown with the API server blackholed: owned %+v, want the shutdown's cordon", doc.Owned)
+	}
+	if getNode(t, node).Spec.Unschedulable {
+		t.Fatal("the node was cordoned with the API server blackholed")
+	}
+	if err := testenv.SetNodeReady(context.Background(), env.AdminConfig(), node, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(a.dir, hostops.SimulatedBootIDFile), []byte("8c5f4a01-3d7e-4f60-9b2c-4d5e6f7a8b9c\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	srv2 := logindtest.Start(t, logindtest.Options{InhibitDelayMax: 30 * time.Second})
+	startAgent(t, node, agentOpts{retention: time.Hour, logind: srv2.Address(), dir: a.dir})
+	waitFor(t, "the node cordoned for the shutdown while the next boot waits for it to be ready", 60*time.Second, func() bool {
+		n := getNode(t, node)
+		return n.Spec.Unschedulable && n.Annotations[v1alpha1.AnnotationCordonedBy] == "shutdown"
+	})
+	if err := testenv.SetNodeReady(context.Background(), env.AdminConfig(), node, true); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the shutdown closed out", 60*time.Second, func() bool {
+		lt, _, n := shutdownConds(t, node)
+		return lt != nil && lt.Reason == "ShutdownComplete" && !n.Spec.Unschedulable
+	})
+}
