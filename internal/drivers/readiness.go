@@ -246,7 +246,17 @@ func (r Readiness) step() Step {
 		var apiErr error // the last poll's error; nil when it read the API
 		down := false    // the last poll failed
 		began := rt.StepStarted()
-		if began.IsZero() {
+		// A wait begun before this boot: the node rebooted during it (a
+		// power cycle, a watchdog), and the agent, started before the
+		// kubelet, resumes it. Until this boot's kubelet reports, the API
+		// server still holds the old boot's Node and pods — Ready, their
+		// allocatable, their pods Ready — so the wait also requires the
+		// Node Ready in this boot (its nodeInfo.bootID), and counts the
+		// stale-pod grace from now. Not in simulate mode, whose boots
+		// restart no kubelet.
+		bootTime := rt.Host().BootTime()
+		rebooted := !rt.Host().Simulated() && !began.IsZero() && !bootTime.IsZero() && began.Before(bootTime)
+		if began.IsZero() || rebooted {
 			began = clk.Now()
 		}
 		for {
@@ -255,9 +265,18 @@ func (r Readiness) step() Step {
 			pollBound = deadline
 			var boot time.Time // zero: every Ready counts
 			if polled.Sub(began) < StaleReadyGrace {
-				boot = rt.Host().BootTime()
+				boot = bootTime
 			}
 			notReady, err := cfg.NotReady(pctx, api, snap, checks, run, boot)
+			if err == nil && rebooted {
+				ok, rerr := rt.API().NodeReady(pctx, rt.Host().BootID())
+				switch {
+				case rerr != nil:
+					err = rerr
+				case !ok:
+					notReady = append([]string{"the Node is not Ready in this boot (the node rebooted during the wait; its kubelet has not reported yet)"}, notReady...)
+				}
+			}
 			cancel()
 			if ctx.Err() != nil {
 				return waitEnded(ctx, rt, cfg.Uncordon)

@@ -216,3 +216,35 @@ func TestReadinessStaleReadyGrace(t *testing.T) {
 		t.Fatalf("a pod Ready in this boot: %v, progress:\n%s", err, fresh.allProgress())
 	}
 }
+
+// A wait begun before this boot (the node power-cycled during it, the
+// agent resumed before the kubelet): the API server still holds the old
+// boot's Node and pods, all ready. The wait requires the Node Ready in
+// this boot too, and gives the node back only once it is. Before, it
+// passed at its first poll on the old boot's state.
+func TestReadinessRebootedDuringTheWait(t *testing.T) {
+	rt := newFake()
+	rt.host.bootTime = readinessStart.Add(-time.Minute)
+	rt.started = readinessStart.Add(-10 * time.Minute)
+	rt.api.readyAfter = 3 // the kubelet of this boot reports Ready at the third look
+	ready := pollState{gpus: 8, dsReady: true, readySince: readinessStart.Add(-30 * time.Second)}
+	api := &scriptedAPI{script: []pollState{ready}}
+	rt, err := readinessRunOn(t, rt, api, time.Hour, true)
+	if err != nil {
+		t.Fatalf("the wait ended %v; want ready once the Node is Ready in this boot", err)
+	}
+	if !rt.progressed(ReadinessWaiting + "the Node is not Ready in this boot") {
+		t.Errorf("the wait did not name the Node not Ready in this boot:\n%s", rt.allProgress())
+	}
+	if api.polls < 3 {
+		t.Errorf("given back at poll %d, before the Node was Ready in this boot (poll 3)", api.polls)
+	}
+	// A wait begun in this boot does not ask (wait-ready did).
+	rt = newFake()
+	rt.host.bootTime = readinessStart.Add(-time.Minute)
+	rt.started = readinessStart
+	rt, err = readinessRunOn(t, rt, &scriptedAPI{script: []pollState{ready}}, time.Hour, true)
+	if err != nil || rt.rec.count("api.NodeReady") != 0 {
+		t.Errorf("a wait begun in this boot: %v, NodeReady asked %d times, want none", err, rt.rec.count("api.NodeReady"))
+	}
+}
