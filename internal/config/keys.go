@@ -159,7 +159,7 @@ var keys = []*key{
 	{
 		name: "reboot.readyTimeout", kind: kindDuration, def: "10m", check: positive,
 		doc: "After a reboot, how long to wait for the kubelet to report the Node Ready before the " +
-			"step fails.",
+			"step fails (the cordon then stays or goes as `readiness.onTimeout` says).",
 		field: func(c *Config) any { return &c.Reboot.ReadyTimeout },
 	},
 	{
@@ -308,7 +308,8 @@ var keys = []*key{
 	{
 		name: "readiness.onTimeout", kind: kindString, def: ReadinessKeepCordoned,
 		enum: []string{ReadinessKeepCordoned, ReadinessUncordon},
-		doc: "What a readiness timeout leaves: keepCordoned keeps the node cordoned, its cordon annotation " +
+		doc: "What a readiness timeout (or `reboot.readyTimeout`, or the event's SLA reached during either wait) " +
+			"leaves: keepCordoned keeps the node cordoned, its cordon annotation " +
 			"naming the event, until an admin uncordons it; uncordon gives the node back anyway (pods may " +
 			"then land on a node whose DaemonSets or devices are not back).",
 		field: func(c *Config) any { return &c.Readiness.OnTimeout },
