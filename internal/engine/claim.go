@@ -72,7 +72,7 @@ func (e *Engine) tryClaim(ctx context.Context, fresh []*v1alpha1.LifecycleEvent)
 	}); len(mine) > 0 {
 		cands = mine
 	}
-	if cands[0].Status.ClaimStatus != v1alpha1.LifecycleEventClaimed && e.shutdownUnderway() {
+	if len(cands) > 0 && cands[0].Status.ClaimStatus != v1alpha1.LifecycleEventClaimed && e.shutdownUnderway() {
 		// The node is shutting down (logind announced it in this boot and
 		// it is not cancelled): nothing new starts on it — an event claimed
 		// now would evict and take its Lease and slot during the kubelet's
