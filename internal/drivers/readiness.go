@@ -132,7 +132,7 @@ const lastLook = 10 * time.Second
 // left, so that within one run the wait is timed on now's monotonic
 // clock. resumed says so for the progress message when the wait began
 // before this run ("" for a wait that begins now).
-func waitDeadline(now, started time.Time, timeout time.Duration, key string) (deadline time.Time, resumed string) {
+func waitDeadline(now, started time.Time, timeout time.Duration) (deadline time.Time, resumed string) {
 	if started.IsZero() {
 		return now.Add(timeout), ""
 	}
@@ -140,7 +140,7 @@ func waitDeadline(now, started time.Time, timeout time.Duration, key string) (de
 	elapsed := now.Round(0).Sub(started).Round(time.Second)
 	switch {
 	case left <= 0:
-		return now, fmt.Sprintf("; resumed after a restart: the wait began %s ago, past %s, one last look", elapsed, key)
+		return now, fmt.Sprintf("; resumed after a restart: the wait began %s ago, past readiness.timeout, one last look", elapsed)
 	case left.Round(time.Second) < timeout:
 		return now.Add(left), fmt.Sprintf("; resumed after a restart: %s left, the wait began %s ago", left.Round(time.Second), elapsed)
 	}
@@ -233,7 +233,7 @@ func (r Readiness) step() Step {
 			defer wcancel()
 			wake, recheck = w.NodeChanges(wctx), max(interval, ReadinessRecheck)
 		}
-		deadline, resumed := waitDeadline(clk.Now(), rt.StepStarted(), timeout, "readiness.timeout")
+		deadline, resumed := waitDeadline(clk.Now(), rt.StepStarted(), timeout)
 		// A wait resumed past its deadline still looks once: a node ready
 		// by now is given back; the look is bounded on its own.
 		pollBound := deadline

@@ -138,10 +138,10 @@ func TestReadinessDeadlinePassedWhileDown(t *testing.T) {
 // future) gives at most a full timeout from now.
 func TestReadinessDeadlineClockStepped(t *testing.T) {
 	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
-	if d, msg := waitDeadline(now, now.Add(time.Hour), 20*time.Second, "readiness.timeout"); !d.Equal(now.Add(20*time.Second)) || msg != "" {
+	if d, msg := waitDeadline(now, now.Add(time.Hour), 20*time.Second); !d.Equal(now.Add(20*time.Second)) || msg != "" {
 		t.Errorf("start in the future: %s %q; want a full timeout from now", d, msg)
 	}
-	if d, msg := waitDeadline(now, time.Time{}, 20*time.Second, "readiness.timeout"); !d.Equal(now.Add(20*time.Second)) || msg != "" {
+	if d, msg := waitDeadline(now, time.Time{}, 20*time.Second); !d.Equal(now.Add(20*time.Second)) || msg != "" {
 		t.Errorf("start unknown: %s %q; want a full timeout from now", d, msg)
 	}
 }

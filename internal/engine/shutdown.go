@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -144,20 +145,35 @@ func (e *Engine) PrepareShutdown(ctx context.Context) error {
 	return nil
 }
 
+// lockShutdownCordon takes the shutdown cordon's semaphore (shutdownCordon),
+// waiting at most until ctx ends (a free one is taken even then). unlock
+// gives it back and may be called more than once; ok is false, and unlock
+// nil, when ctx ended first.
+func (e *Engine) lockShutdownCordon(ctx context.Context) (unlock func(), ok bool) {
+	select {
+	case e.shutdownCordon <- struct{}{}:
+	default:
+		select {
+		case e.shutdownCordon <- struct{}{}:
+		case <-ctx.Done():
+			return nil, false
+		}
+	}
+	var once sync.Once
+	return func() { once.Do(func() { <-e.shutdownCordon }) }, true
+}
+
 // shutdownOwnership is what ownShutdownCordon decided, for
-// makeShutdownCordon: whether the semaphore is held, and the shutdown that
-// owned the cordon before ("" for none).
+// makeShutdownCordon: the semaphore's unlock (nil when not taken), and the
+// shutdown that owned the cordon before ("" for none).
 type shutdownOwnership struct {
-	locked   bool
-	earlier  string
-	released bool
-	e        *Engine
+	unlock  func()
+	earlier string
 }
 
 func (o *shutdownOwnership) release() {
-	if o.locked && !o.released {
-		o.released = true
-		<-o.e.shutdownCordon
+	if o.unlock != nil {
+		o.unlock()
 	}
 }
 
@@ -175,19 +191,13 @@ func (o *shutdownOwnership) release() {
 // had nothing to wait for. Waiting for a close-out is bounded by the
 // shutdown budget (ctx): past it, nothing is owned or cordoned.
 func (e *Engine) ownShutdownCordon(ctx context.Context, uid, name string) (*shutdownOwnership, error) {
-	o := &shutdownOwnership{e: e}
-	select {
-	case e.shutdownCordon <- struct{}{}:
-		o.locked = true
-	default:
-		select {
-		case e.shutdownCordon <- struct{}{}:
-			o.locked = true
-		case <-ctx.Done():
-			e.log.Warn("shutdown: an earlier shutdown's close-out held the cordon past the shutdown budget; not cordoning", "event", name)
-			return o, nil
-		}
+	o := &shutdownOwnership{}
+	unlock, ok := e.lockShutdownCordon(ctx)
+	if !ok {
+		e.log.Warn("shutdown: an earlier shutdown's close-out held the cordon past the shutdown budget; not cordoning", "event", name)
+		return o, nil
 	}
+	o.unlock = unlock
 	o.earlier = e.ownedBy(e.shutdownCordonKey())
 	if o.earlier == "" || o.earlier == uid {
 		if _, err := e.cfg.Journal.AddOwned(journal.Change{Kind: journal.ChangeCordon, Node: e.cfg.Node, Name: shutdownOwner, EventUID: uid, Value: shutdownOwner}); err != nil {
@@ -202,7 +212,7 @@ func (e *Engine) ownShutdownCordon(ctx context.Context, uid, name string) (*shut
 // the budget (ctx). It reports whether the node is cordoned for this
 // shutdown.
 func (e *Engine) makeShutdownCordon(ctx context.Context, o *shutdownOwnership, uid, name, boot string) bool {
-	if !o.locked {
+	if o.unlock == nil {
 		return false
 	}
 	earlier := o.earlier
@@ -392,12 +402,11 @@ func (e *Engine) ensureShutdownCordon(ctx context.Context, r journal.EventRecord
 // acted on with PrepareShutdown kept out (shutdownCordon):
 // errShutdownUnderway otherwise, and the record stays.
 func (e *Engine) giveBackShutdownCordon(ctx context.Context, r journal.EventRecord) error {
-	select {
-	case e.shutdownCordon <- struct{}{}:
-		defer func() { <-e.shutdownCordon }()
-	case <-ctx.Done():
+	unlock, ok := e.lockShutdownCordon(ctx)
+	if !ok {
 		return ctx.Err()
 	}
+	defer unlock()
 	if r.UID != e.shutdownUID(e.cfg.Host.BootID()) && e.shutdownUnderway() {
 		return errShutdownUnderway
 	}
