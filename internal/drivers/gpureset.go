@@ -415,10 +415,12 @@ func (d GPUReset) Abort(ctx context.Context, rt Runtime) error {
 	} else if msg != "" {
 		rt.Progress("abort: " + msg)
 	}
-	if kept := CordonKept(rt.Node()); rt.Owns(kept) {
+	if rt.Owns(CordonKept(rt.Node())) {
 		// The readiness checks timed out with readiness.onTimeout
 		// keepCordoned: the cordon stays for an admin (see Readiness).
-		errs = append(errs, rt.Disown(Change{Kind: "cordon", Key: rt.Node()}), rt.Disown(kept))
+		// The kept record stays (the engine drops it with the event): an
+		// abort run again after a crash here leaves the cordon again.
+		errs = append(errs, rt.Disown(Change{Kind: "cordon", Key: rt.Node()}))
 		rt.Progress("abort: the node stays cordoned (readiness.onTimeout: keepCordoned)")
 	} else if ch := (Change{Kind: "cordon", Key: rt.Node()}); rt.Owns(ch) {
 		if _, err := rt.API().Uncordon(ctx, rt.EventName(), false); err != nil {

@@ -123,17 +123,16 @@ func (d OSUpgrade) Abort(ctx context.Context, rt Runtime) error {
 	}
 	cordon := Change{Kind: "cordon", Key: rt.Node()}
 	owned := rt.Owns(cordon)
-	if kept := CordonKept(rt.Node()); rt.Owns(kept) {
+	if rt.Owns(CordonKept(rt.Node())) {
 		// The readiness checks timed out with readiness.onTimeout
 		// keepCordoned: the cordon stays for an admin (see Readiness), as
-		// in the engine's own abort and gpu-reset's.
+		// in the engine's own abort and gpu-reset's. The kept record
+		// stays (the engine drops it with the event): an abort run again
+		// after a crash here leaves the cordon again.
 		if owned {
 			if err := rt.Disown(cordon); err != nil {
 				return err
 			}
-		}
-		if err := rt.Disown(kept); err != nil {
-			return err
 		}
 		rt.Progress("stopping: the node stays cordoned (readiness.onTimeout: keepCordoned)")
 		return nil

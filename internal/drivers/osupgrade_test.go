@@ -417,3 +417,41 @@ func TestOSUpgradeReplayAfterPowerLoss(t *testing.T) {
 		})
 	}
 }
+
+// TestAbortAgainKeepsAKeptCordon: a driver's abort with a kept cordon
+// (readiness.onTimeout keepCordoned) run a second time, as the engine does
+// when the agent died after the first and before the end state was
+// journaled, leaves the cordon again: the kept record outlives the abort
+// (the engine drops it with the event), the cordon's own record goes (the
+// leftover undo would otherwise lift it).
+func TestAbortAgainKeepsAKeptCordon(t *testing.T) {
+	for name, d := range map[string]Abortable{
+		"os-upgrade": OSUpgrade{Profiles: map[string]config.OSUpgradeProfile{"apt": {Command: []string{"/usr/local/sbin/upgrade-apt"}}}},
+		"gpu-reset":  GPUReset{},
+	} {
+		t.Run(name, func(t *testing.T) {
+			ctx := context.Background()
+			rt := newFake()
+			if _, err := rt.api.Cordon(ctx, "ev-1"); err != nil {
+				t.Fatal(err)
+			}
+			cordon := Change{Kind: "cordon", Key: rt.Node()}
+			_ = rt.Own(cordon)
+			_ = rt.Own(CordonKept(rt.Node()))
+			for i := 1; i <= 2; i++ {
+				if err := d.Abort(ctx, rt); err != nil {
+					t.Fatalf("abort %d: %v", i, err)
+				}
+				if !rt.api.cordoned {
+					t.Fatalf("abort %d uncordoned the node: want the kept cordon left for an admin", i)
+				}
+			}
+			if rt.Owns(cordon) {
+				t.Error("the cordon's record is still owned after the abort: the leftover undo would lift it")
+			}
+			if !rt.Owns(CordonKept(rt.Node())) {
+				t.Error("the kept record is gone after the abort: an abort replayed after a crash would uncordon")
+			}
+		})
+	}
+}

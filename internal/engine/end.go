@@ -65,12 +65,12 @@ func (e *Engine) abort(ctx context.Context, a *active, outcome journal.Outcome, 
 			// The readiness checks timed out and readiness.onTimeout keeps
 			// the node cordoned (drivers.Readiness): the cordon, its
 			// annotation naming this event, is left for an admin; the
-			// journal stops owning it, so nothing undoes it later.
+			// journal stops owning it, so nothing undoes it later. The
+			// kept record itself stays until the event is in the history
+			// (finish): an abort replayed after a crash here must find it
+			// and leave the cordon again, not lift it.
 			if owned {
 				err = rt.Disown(cordon)
-			}
-			if err == nil {
-				err = rt.Disown(kept)
 			}
 			notOurs = true // the node is not back
 		} else {
@@ -83,6 +83,7 @@ func (e *Engine) abort(ctx context.Context, a *active, outcome journal.Outcome, 
 			}
 		}
 	}
+	// gofail: var engineAfterAbort struct{}
 	if ctx.Err() != nil {
 		return false
 	}
@@ -280,6 +281,14 @@ func (e *Engine) finish(ctx context.Context, a *active, outcome journal.Outcome,
 	// gofail: var engineAfterFinalizerRemove struct{}
 	if !e.durably(ctx, a, "its move to history", func() error { return e.cfg.Journal.FinishEvent(a.uid, outcome, truncate(msg)) }) {
 		return
+	}
+	// The kept cordon's record outlived the abort (see abort): the event
+	// is in the history now, so it goes; a crash before this leaves it to
+	// retryLeftoverUndo.
+	if rt := (&stepRuntime{e: e, a: a}); rt.Owns(drivers.CordonKept(e.cfg.Node)) {
+		if err := rt.Disown(drivers.CordonKept(e.cfg.Node)); err != nil {
+			e.log.Warn("dropping the kept cordon's record failed; will retry", "event", a.name, "err", err)
+		}
 	}
 	e.ended[a.uid] = e.cfg.Clock.Now()
 	e.cfg.Metrics.Events.WithLabelValues(a.driver.Short(), ended).Inc()

@@ -593,7 +593,9 @@ func (e *Engine) collect(ctx context.Context) {
 // annotation names someone else). A succeeded drain's cordon is its
 // contract and is kept. An os-upgrade's cordon is undone only once its
 // upgrade unit is known to have ended (its abort keeps the node cordoned
-// while the unit may still run). It looks at most every 30 s.
+// while the unit may still run). A kept cordon's record (drivers.CordonKept)
+// of an ended event, left by a crash in finish, is dropped and the cordon
+// left. It looks at most every 30 s.
 func (e *Engine) retryLeftoverUndo(ctx context.Context) {
 	now := e.cfg.Clock.Now()
 	if now.Before(e.nextUndo) {
@@ -621,6 +623,17 @@ func (e *Engine) retryLeftoverUndo(ctx context.Context) {
 		outcome[h.Event.UID] = h.Outcome
 	}
 	for _, ch := range owned {
+		if _, ended := outcome[ch.EventUID]; ended && ch.Kind == journal.ChangeCordon && ch.Node == drivers.CordonKept(e.cfg.Node).Key && ch.Name == "" {
+			// A kept cordon's record left by a crash between the event's
+			// move to history and finish dropping it (abort keeps it until
+			// then): the cordon itself stays for an admin.
+			if err := e.cfg.Journal.RemoveOwned(ch.Key()); err != nil {
+				e.log.Warn("dropping a kept cordon's record failed", "event", ch.Value, "err", err)
+			} else {
+				e.log.Info("dropped the record of an ended event's kept cordon; the cordon stays for an admin", "event", ch.Value)
+			}
+			continue
+		}
 		if ch.Kind != journal.ChangeCordon || ch.Node != e.cfg.Node || ch.Name != "" || ch.Value == "" {
 			continue
 		}

@@ -31,6 +31,22 @@ const readinessMissing = "allocatable nvidia.com/gpu is 0 of 8"
 
 func killedInReadinessWait(t *testing.T, node string) readinessWait {
 	t.Helper()
+	w, a := rebootWithoutGPUs(t, node, "readiness:\n  timeout: 5m\n", "")
+	waitFor(t, "the wait naming the GPUs", time.Minute, a, func() bool { return strings.Contains(w.msg(), readinessMissing) }, w.msg)
+	a.kill()
+	if !w.cordoned() {
+		t.Fatal("the node is not cordoned while the agent waits for the GPUs")
+	}
+	return w
+}
+
+// rebootWithoutGPUs runs the real agent (config agentConfig+readiness,
+// GOFAIL_FAILPOINTS failpoints) on a node with a DaemonSet pod and 8
+// nvidia.com/gpu, and a reboot event for it; after the reboot the node is
+// Ready again but its GPUs are not back (0), so the event waits in
+// wait-workloads-ready when this returns.
+func rebootWithoutGPUs(t *testing.T, node, readiness, failpoints string) (readinessWait, *agentProc) {
+	t.Helper()
 	ctx := context.Background()
 	admin := env.AdminConfig()
 	kubelet := chaosNode(t, node)
@@ -52,13 +68,13 @@ func killedInReadinessWait(t *testing.T, node string) readinessWait {
 		t.Fatal(err)
 	}
 	setGPUs(8)
-	c := chaosCase(t, node, node+"-reboot", agentConfig+"readiness:\n  timeout: 5m\n", env.NodeConfig(node))
+	c := chaosCase(t, node, node+"-reboot", agentConfig+readiness, env.NodeConfig(node))
 	c.kubelet = kubelet
 	lc, err := apiclient.NewLifecycleClients(admin)
 	if err != nil {
 		t.Fatal(err)
 	}
-	a := c.start(t, "")
+	a := c.start(t, failpoints)
 	tn := node + "-reboot"
 	waitFor(t, "transition published", 60*time.Second, a, func() bool {
 		_, err := lc.Transitions.Get(ctx, tn, metav1.GetOptions{})
@@ -81,16 +97,50 @@ func killedInReadinessWait(t *testing.T, node string) readinessWait {
 	waitFor(t, "the reboot done, waiting for Ready", time.Minute, a, func() bool { return strings.Contains(msg(), "reboot=Done") }, msg)
 	setGPUs(0)
 	setReady(true)
-	waitFor(t, "the wait naming the GPUs", time.Minute, a, func() bool { return strings.Contains(msg(), readinessMissing) }, msg)
-	a.kill()
 	cordoned := func() bool {
 		n, err := cs.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
 		return err == nil && n.Spec.Unschedulable
 	}
-	if !cordoned() {
-		t.Fatal("the node is not cordoned while the agent waits for the GPUs")
+	return readinessWait{c: c, lc: lc, msg: msg, cordoned: cordoned, setGPUs: setGPUs}, a
+}
+
+// TestCrashAfterTheAbortKeepsTheKeptCordon: the readiness wait times out
+// with readiness.onTimeout keepCordoned (the default), and the agent dies
+// at the end of its abort (failpoint engineAfterAbort), after the abort
+// let go of the cordon and before the end state was journaled. Restarted,
+// it replays the abort: the cordon must stay for an admin, as it would
+// have without the crash, and the event end Failed saying so. (The kept
+// record was dropped with the cordon's in the abort: the replay found
+// neither, took the ordinary abort and uncordoned the node it had just
+// decided was not ready.)
+func TestCrashAfterTheAbortKeepsTheKeptCordon(t *testing.T) {
+	ctx := context.Background()
+	w, a1 := rebootWithoutGPUs(t, "ready-kept-crash", "readiness:\n  timeout: 3s\n", `engineAfterAbort=1*panic("crash at engineAfterAbort")`)
+	select {
+	case <-a1.done:
+	case <-time.After(90 * time.Second):
+		t.Fatalf("the agent did not reach engineAfterAbort within 90s: %s", w.msg())
 	}
-	return readinessWait{c: c, lc: lc, msg: msg, cordoned: cordoned, setGPUs: setGPUs}
+	if !strings.Contains(a1.logText(), "panic: failpoint panic: crash at engineAfterAbort") {
+		t.Fatalf("the agent died, but not at engineAfterAbort: %s", a1.exit())
+	}
+	if !w.cordoned() {
+		t.Fatalf("the node is not cordoned after the kept cordon's abort: %s", w.msg())
+	}
+	a2 := w.c.start(t, "")
+	defer func() { _ = a2.stop(30 * time.Second) }()
+	waitFor(t, "the event to end Failed", time.Minute, a2, func() bool { return strings.HasPrefix(w.msg(), "Failed") }, w.msg)
+	if m := w.msg(); !strings.Contains(m, "the node stays cordoned") || !strings.Contains(m, readinessMissing) {
+		t.Errorf("the end state: %s; want the GPUs named and the kept cordon said", m)
+	}
+	n, err := kubernetes.NewForConfigOrDie(env.AdminConfig()).CoreV1().Nodes().Get(ctx, w.c.node, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !n.Spec.Unschedulable || n.Annotations[v1alpha1.AnnotationCordonedBy] != w.c.event {
+		t.Errorf("after the replayed abort the node is unschedulable=%v, cordoned-by %q; want it kept cordoned by %s for an admin",
+			n.Spec.Unschedulable, n.Annotations[v1alpha1.AnnotationCordonedBy], w.c.event)
+	}
 }
 
 // TestReadinessWaitCancelledWhileDown: the event is deleted while its agent

@@ -191,3 +191,46 @@ func TestLeftoverCordonUndone(t *testing.T) {
 		t.Fatalf("the journal still owns %+v", doc.Owned)
 	}
 }
+
+// A kept cordon's record (readiness.onTimeout keepCordoned) left in the
+// journal by a crash after its event moved to the history, before finish
+// dropped it: the idle agent drops the record and leaves the cordon, which
+// is the admin's.
+func TestLeftoverKeptRecordDropped(t *testing.T) {
+	node := "leftover-kept"
+	newNode(t, node)
+	dir := t.TempDir()
+	j, _, err := journal.Open(context.Background(), filepath.Join(dir, "journal.db"), journal.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	uid := "11111111-2222-3333-4444-666666666666"
+	if err := j.PutEvent(journal.EventRecord{UID: uid, Name: "kept-1", Driver: drivers.Prefix + "reboot", State: journal.EventFinishing, Object: []byte(`{}`)}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := j.AddOwned(journal.Change{Kind: journal.ChangeCordon, Node: drivers.CordonKept(node).Key, EventUID: uid, Value: "kept-1"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := j.FinishEvent(uid, journal.OutcomeFailed, "step wait-workloads-ready failed"+drivers.KeptSuffix); err != nil {
+		t.Fatal(err)
+	}
+	if err := j.Close(); err != nil {
+		t.Fatal(err)
+	}
+	cs := kubernetes.NewForConfigOrDie(env.AdminConfig())
+	patch := []byte(`{"metadata":{"annotations":{"` + v1alpha1.AnnotationCordonedBy + `":"kept-1"}},"spec":{"unschedulable":true}}`)
+	if _, err := cs.CoreV1().Nodes().Patch(context.Background(), node, types.StrategicMergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	a := startAgent(t, node, agentOpts{dir: dir, retention: time.Hour})
+	waitFor(t, "the kept record dropped", 60*time.Second, func() bool {
+		return strings.Contains(a.logBuf.String(), "dropped the record of an ended event's kept cordon")
+	})
+	a.stop(t)
+	if doc := exportJournal(t, a.Journal); len(doc.Owned) != 0 {
+		t.Errorf("the journal still owns %+v", doc.Owned)
+	}
+	if n := getNode(t, node); !n.Spec.Unschedulable || n.Annotations[v1alpha1.AnnotationCordonedBy] != "kept-1" {
+		t.Errorf("node unschedulable=%v cordoned-by %q, want the kept cordon left", n.Spec.Unschedulable, n.Annotations[v1alpha1.AnnotationCordonedBy])
+	}
+}

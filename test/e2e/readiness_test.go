@@ -20,6 +20,7 @@ import (
 	"github.com/lifecycle-agent/lifecycle-agent/internal/config"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/host"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/hostops"
+	"github.com/lifecycle-agent/lifecycle-agent/internal/journal"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/readiness"
 	"github.com/lifecycle-agent/lifecycle-agent/test/testenv"
 )
@@ -276,6 +277,20 @@ func readinessTimeout(t *testing.T, driver, onTimeout string, cordoned bool) {
 		t.Fatalf("event ended %s: %q; want Failed naming the GPUs", ev.Status.ClaimStatus, ev.Status.Message)
 	}
 	wantKept(t, node, ev, onTimeout, cordoned)
+	// At rest the journal owns nothing: the kept cordon is the admin's
+	// now, and its record (kept through the abort, so that an abort
+	// replayed after a crash leaves the cordon too) went with the event.
+	waitFor(t, "the event finished", 30*time.Second, func() bool { return strings.Contains(a.logBuf.String(), "event finished") })
+	a.stop(t)
+	j, _, err := journal.Open(context.Background(), a.Journal, journal.Options{CheckCommand: checkCommand()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	owned, err := j.Owned()
+	_ = j.Close()
+	if err != nil || len(owned) != 0 {
+		t.Errorf("the journal owns %+v at rest (err %v), want nothing", owned, err)
+	}
 }
 
 // TestReadinessChecksOnServer: each check of package readiness against the
