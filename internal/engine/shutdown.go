@@ -185,7 +185,7 @@ func (o *shutdownOwnership) release() {
 // the close-out of an earlier shutdown kept out (shutdownCordon, released
 // by the caller): that one either gave the node back before (its record
 // gone: this one cordons afresh), or sees this one journaled and leaves
-// the node alone (giveBackShutdownCordon). Without it, a close-out between
+// the node alone (closeShutdown). Without it, a close-out between
 // its check and its uncordon lifted the cordon this shutdown had just
 // found and left to it: the node went down schedulable, and its next boot
 // had nothing to wait for. Waiting for a close-out is bounded by the
@@ -397,19 +397,8 @@ func (e *Engine) ensureShutdownCordon(ctx context.Context, r journal.EventRecord
 
 // giveBackShutdownCordon is the close-out's cordon: left for an admin when
 // the node was not back in time and readiness.onTimeout keeps it, else
-// lifted when the shutdown owns it. For an earlier boot's shutdown this
-// happens only while no shutdown of this boot is underway, checked and
-// acted on with PrepareShutdown kept out (shutdownCordon):
-// errShutdownUnderway otherwise, and the record stays.
+// lifted when the shutdown owns it. The caller holds shutdownCordon.
 func (e *Engine) giveBackShutdownCordon(ctx context.Context, r journal.EventRecord) error {
-	unlock, ok := e.lockShutdownCordon(ctx)
-	if !ok {
-		return ctx.Err()
-	}
-	defer unlock()
-	if r.UID != e.shutdownUID(e.cfg.Host.BootID()) && e.shutdownUnderway() {
-		return errShutdownUnderway
-	}
 	if e.owns(r.UID, e.shutdownKeptKey()) {
 		// The node was not back in time and readiness.onTimeout keeps
 		// it cordoned: the cordon stays, its annotation naming the
@@ -429,6 +418,11 @@ func (e *Engine) giveBackShutdownCordon(ctx context.Context, r journal.EventReco
 	}
 	return nil
 }
+
+// closeOutPostTimeout bounds the close-out's Node conditions post made
+// holding shutdownCordon, below shutdown.budget's default; past it the
+// outbox delivers them.
+const closeOutPostTimeout = 2 * time.Second
 
 // errShutdownUnderway: an earlier shutdown's close-out found a shutdown of
 // this boot journaled and running; the node is going down again.
@@ -467,20 +461,55 @@ func cordonMadeForLastAnnouncement(recs []journal.StepRecord) bool {
 	return made
 }
 
+// closeShutdown ends a shutdown's record: its cordon given back (or kept),
+// its end conditions posted, the record moved to the history. For an
+// earlier boot's shutdown this happens only while no shutdown of this boot
+// is underway, checked and done with PrepareShutdown kept out
+// (shutdownCordon): errShutdownUnderway otherwise, and the record stays.
+// The whole of it, not only the cordon: a shutdown announced between the
+// uncordon and the conditions posted its ShuttingDown first, and this
+// close-out's ShutdownComplete (GracefulNodeShutdownInProgress=False)
+// then said the node was back while it went down.
 func (e *Engine) closeShutdown(ctx context.Context, r journal.EventRecord, reason string, outcome journal.Outcome, word string) error {
+	unlock, ok := e.lockShutdownCordon(ctx)
+	if !ok {
+		return ctx.Err()
+	}
+	defer unlock()
+	if r.UID != e.shutdownUID(e.cfg.Host.BootID()) && e.shutdownUnderway() {
+		return errShutdownUnderway
+	}
 	if err := e.giveBackShutdownCordon(ctx, r); err != nil {
 		return err
 	}
+	// gofail: var engineCloseOutBeforeConditions struct{}
 	msg := transitionMsg("shutdown", r.Name) + ": " + word
 	conds := e.shutdownConditions(reason, corev1.ConditionFalse, corev1.ConditionFalse, msg, r.Attrs["during"] != "")
 	// Through the outbox too: it supersedes a ShuttingDown entry still queued
 	// from before the shutdown, so that can never be delivered after this.
 	raw, _ := json.Marshal(nodePayload{Conditions: conds})
-	if _, err := e.cfg.Journal.OutboxPush(journal.OutboxEntry{UID: r.UID, Kind: journal.OutboxNodeCondition, Payload: raw}); err != nil {
+	seq, err := e.cfg.Journal.OutboxPush(journal.OutboxEntry{UID: r.UID, Kind: journal.OutboxNodeCondition, Payload: raw})
+	if err != nil {
 		return err
 	}
-	if err := e.cfg.API.SetNodeConditions(ctx, e.cfg.Clock.Now(), conds...); err != nil {
-		return err
+	// Posted now, bounded: a shutdown announced meanwhile waits for this
+	// within its budget (5 s by default).
+	pctx, cancel := context.WithTimeout(ctx, closeOutPostTimeout)
+	err = e.cfg.API.SetNodeConditions(pctx, e.cfg.Clock.Now(), conds...)
+	cancel()
+	if err == nil {
+		// Delivered: the queued copy goes too, or the flusher would post
+		// it again later, after the ShuttingDown of a shutdown announced
+		// meanwhile.
+		if err := e.cfg.Journal.OutboxAck(seq); err == nil {
+			e.acked(seq)
+		}
+	} else {
+		// The outbox delivers it, in order (before anything a shutdown
+		// announced later queues); the record is closed out now rather
+		// than held until the API server answers faster.
+		e.log.Warn("shutdown: the close-out's Node conditions not posted; queued in the outbox", "event", r.Name, "err", err)
+		poke(e.flushWake)
 	}
 	if _, err := e.cfg.Journal.AppendStep(r.UID, journal.StepRecord{Step: "shutdown", Phase: journal.PhaseDone, State: journal.StepDone,
 		Attempt: 1, BootID: e.cfg.Host.BootID(), Message: word}); err != nil {
