@@ -156,30 +156,8 @@ func TestLostJournalAdoptsWithoutRepeating(t *testing.T) {
 // record goes with it.
 func TestLeftoverCordonUndone(t *testing.T) {
 	node := "leftover-node"
-	newNode(t, node)
-	dir := t.TempDir()
-	j, _, err := journal.Open(context.Background(), filepath.Join(dir, "journal.db"), journal.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	uid := "11111111-2222-3333-4444-555555555555"
-	if err := j.PutEvent(journal.EventRecord{UID: uid, Name: "gave-up-1", Driver: drivers.Prefix + "drain", State: journal.EventAborting, Object: []byte(`{}`)}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := j.AddOwned(journal.Change{Kind: journal.ChangeCordon, Node: node, EventUID: uid, Value: "gave-up-1"}); err != nil {
-		t.Fatal(err)
-	}
-	if err := j.FinishEvent(uid, journal.OutcomeFailed, "step evict failed; abort: the API server did not answer"); err != nil {
-		t.Fatal(err)
-	}
-	if err := j.Close(); err != nil {
-		t.Fatal(err)
-	}
-	cs := kubernetes.NewForConfigOrDie(env.AdminConfig())
-	patch := []byte(`{"metadata":{"annotations":{"` + v1alpha1.AnnotationCordonedBy + `":"gave-up-1"}},"spec":{"unschedulable":true}}`)
-	if _, err := cs.CoreV1().Nodes().Patch(context.Background(), node, types.StrategicMergePatchType, patch, metav1.PatchOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	dir := leftoverCordon(t, node, "gave-up-1", journal.EventRecord{UID: "11111111-2222-3333-4444-555555555555", Driver: drivers.Prefix + "drain", State: journal.EventAborting},
+		node, "step evict failed; abort: the API server did not answer")
 	a := startAgent(t, node, agentOpts{dir: dir, retention: time.Hour})
 	waitFor(t, "the leftover cordon undone", 60*time.Second, func() bool {
 		n := getNode(t, node)
@@ -198,30 +176,8 @@ func TestLeftoverCordonUndone(t *testing.T) {
 // is the admin's.
 func TestLeftoverKeptRecordDropped(t *testing.T) {
 	node := "leftover-kept"
-	newNode(t, node)
-	dir := t.TempDir()
-	j, _, err := journal.Open(context.Background(), filepath.Join(dir, "journal.db"), journal.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	uid := "11111111-2222-3333-4444-666666666666"
-	if err := j.PutEvent(journal.EventRecord{UID: uid, Name: "kept-1", Driver: drivers.Prefix + "reboot", State: journal.EventFinishing, Object: []byte(`{}`)}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := j.AddOwned(journal.Change{Kind: journal.ChangeCordon, Node: drivers.CordonKept(node).Key, EventUID: uid, Value: "kept-1"}); err != nil {
-		t.Fatal(err)
-	}
-	if err := j.FinishEvent(uid, journal.OutcomeFailed, "step wait-workloads-ready failed"+drivers.KeptSuffix); err != nil {
-		t.Fatal(err)
-	}
-	if err := j.Close(); err != nil {
-		t.Fatal(err)
-	}
-	cs := kubernetes.NewForConfigOrDie(env.AdminConfig())
-	patch := []byte(`{"metadata":{"annotations":{"` + v1alpha1.AnnotationCordonedBy + `":"kept-1"}},"spec":{"unschedulable":true}}`)
-	if _, err := cs.CoreV1().Nodes().Patch(context.Background(), node, types.StrategicMergePatchType, patch, metav1.PatchOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	dir := leftoverCordon(t, node, "kept-1", journal.EventRecord{UID: "11111111-2222-3333-4444-666666666666", Driver: drivers.Prefix + "reboot", State: journal.EventFinishing},
+		drivers.CordonKept(node).Key, "step wait-workloads-ready failed"+drivers.KeptSuffix)
 	a := startAgent(t, node, agentOpts{dir: dir, retention: time.Hour})
 	waitFor(t, "the kept record dropped", 60*time.Second, func() bool {
 		return strings.Contains(a.logBuf.String(), "dropped the record of an ended event's kept cordon")
@@ -233,4 +189,37 @@ func TestLeftoverKeptRecordDropped(t *testing.T) {
 	if n := getNode(t, node); !n.Spec.Unschedulable || n.Annotations[v1alpha1.AnnotationCordonedBy] != "kept-1" {
 		t.Errorf("node unschedulable=%v cordoned-by %q, want the kept cordon left", n.Spec.Unschedulable, n.Annotations[v1alpha1.AnnotationCordonedBy])
 	}
+}
+
+// leftoverCordon is a node cordoned by event name, and the journal (in the
+// directory it returns) of an agent whose event rec (name, Object set here)
+// ended Failed with msg still owning the change of kind cordon keyed by
+// changeNode (the node's cordon, or its kept record).
+func leftoverCordon(t *testing.T, node, name string, rec journal.EventRecord, changeNode, msg string) string {
+	t.Helper()
+	newNode(t, node)
+	dir := t.TempDir()
+	j, _, err := journal.Open(context.Background(), filepath.Join(dir, "journal.db"), journal.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec.Name, rec.Object = name, []byte(`{}`)
+	if err := j.PutEvent(rec); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := j.AddOwned(journal.Change{Kind: journal.ChangeCordon, Node: changeNode, EventUID: rec.UID, Value: name}); err != nil {
+		t.Fatal(err)
+	}
+	if err := j.FinishEvent(rec.UID, journal.OutcomeFailed, msg); err != nil {
+		t.Fatal(err)
+	}
+	if err := j.Close(); err != nil {
+		t.Fatal(err)
+	}
+	cs := kubernetes.NewForConfigOrDie(env.AdminConfig())
+	patch := []byte(`{"metadata":{"annotations":{"` + v1alpha1.AnnotationCordonedBy + `":"` + name + `"}},"spec":{"unschedulable":true}}`)
+	if _, err := cs.CoreV1().Nodes().Patch(context.Background(), node, types.StrategicMergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	return dir
 }
