@@ -419,10 +419,34 @@ func (e *Engine) giveBackShutdownCordon(ctx context.Context, r journal.EventReco
 	return nil
 }
 
-// closeOutPostTimeout bounds the close-out's Node conditions post made
-// holding shutdownCordon, below shutdown.budget's default; past it the
-// outbox delivers them.
+// closeOutPostTimeout bounds the close-out's wait, holding shutdownCordon,
+// for its Node conditions to be delivered (below shutdown.budget's
+// default); past it the close-out is tried again, the entry still queued.
 const closeOutPostTimeout = 2 * time.Second
+
+// delivered waits, at most timeout, until the outbox holds nothing of uid:
+// the flusher delivered it, in order.
+func (e *Engine) delivered(ctx context.Context, uid string, timeout time.Duration) error {
+	deadline := e.cfg.Clock.After(timeout)
+	for {
+		pending, err := e.cfg.Journal.OutboxPending()
+		if err != nil {
+			return err
+		}
+		if !hasUID(pending, uid) {
+			return nil
+		}
+		poke(e.flushWake)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-deadline:
+			return fmt.Errorf("engine: the Node conditions not delivered within %s (%d outbox entries queued)", timeout, len(pending))
+		case <-e.flushed:
+		case <-e.cfg.Clock.After(100 * time.Millisecond):
+		}
+	}
+}
 
 // errShutdownUnderway: an earlier shutdown's close-out found a shutdown of
 // this boot journaled and running; the node is going down again.
@@ -485,31 +509,19 @@ func (e *Engine) closeShutdown(ctx context.Context, r journal.EventRecord, reaso
 	// gofail: var engineCloseOutBeforeConditions struct{}
 	msg := transitionMsg("shutdown", r.Name) + ": " + word
 	conds := e.shutdownConditions(reason, corev1.ConditionFalse, corev1.ConditionFalse, msg, r.Attrs["during"] != "")
-	// Through the outbox too: it supersedes a ShuttingDown entry still queued
-	// from before the shutdown, so that can never be delivered after this.
+	// Through the outbox only, and waited for: it supersedes a ShuttingDown
+	// entry still queued from before the shutdown, goes out after
+	// everything queued before it, and before anything a shutdown
+	// announced meanwhile queues (PrepareShutdown waits for this turn).
+	// Posted beside the outbox as well, its queued copy went out again
+	// after such a shutdown's ShuttingDown; and with that copy dropped, an
+	// older entry still queued or in flight could land after it for good.
 	raw, _ := json.Marshal(nodePayload{Conditions: conds})
-	seq, err := e.cfg.Journal.OutboxPush(journal.OutboxEntry{UID: r.UID, Kind: journal.OutboxNodeCondition, Payload: raw})
-	if err != nil {
+	if _, err := e.cfg.Journal.OutboxPush(journal.OutboxEntry{UID: r.UID, Kind: journal.OutboxNodeCondition, Payload: raw}); err != nil {
 		return err
 	}
-	// Posted now, bounded: a shutdown announced meanwhile waits for this
-	// within its budget (5 s by default).
-	pctx, cancel := context.WithTimeout(ctx, closeOutPostTimeout)
-	err = e.cfg.API.SetNodeConditions(pctx, e.cfg.Clock.Now(), conds...)
-	cancel()
-	if err == nil {
-		// Delivered: the queued copy goes too, or the flusher would post
-		// it again later, after the ShuttingDown of a shutdown announced
-		// meanwhile.
-		if err := e.cfg.Journal.OutboxAck(seq); err == nil {
-			e.acked(seq)
-		}
-	} else {
-		// The outbox delivers it, in order (before anything a shutdown
-		// announced later queues); the record is closed out now rather
-		// than held until the API server answers faster.
-		e.log.Warn("shutdown: the close-out's Node conditions not posted; queued in the outbox", "event", r.Name, "err", err)
-		poke(e.flushWake)
+	if err := e.delivered(ctx, r.UID, closeOutPostTimeout); err != nil {
+		return err // the record stays; the caller tries again
 	}
 	if _, err := e.cfg.Journal.AppendStep(r.UID, journal.StepRecord{Step: "shutdown", Phase: journal.PhaseDone, State: journal.StepDone,
 		Attempt: 1, BootID: e.cfg.Host.BootID(), Message: word}); err != nil {
