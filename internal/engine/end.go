@@ -219,20 +219,7 @@ func (e *Engine) finish(ctx context.Context, a *active, outcome journal.Outcome,
 	}
 	e.setState(fmt.Sprintf("event %s: finishing (%s)", a.name, ended), "event", a.name)
 	// Wait until the end state is delivered (the API may be down).
-	for ctx.Err() == nil {
-		e.alive()
-		pending, err := e.cfg.Journal.OutboxPending()
-		if err == nil && !hasUID(pending, a.uid) {
-			break
-		}
-		poke(e.flushWake)
-		select {
-		case <-ctx.Done():
-		case <-e.flushed:
-		case <-e.cfg.Clock.After(500 * time.Millisecond):
-		}
-	}
-	if ctx.Err() != nil {
+	if !e.delivered(ctx, a.uid, 0) {
 		return // stopping: replayed from Finishing at the next start
 	}
 	// The finalizer must come off, however long the API server takes: an

@@ -424,26 +424,28 @@ func (e *Engine) giveBackShutdownCordon(ctx context.Context, r journal.EventReco
 // default); past it the close-out is tried again, the entry still queued.
 const closeOutPostTimeout = 2 * time.Second
 
-// delivered waits, at most timeout, until the outbox holds nothing of uid:
-// the flusher delivered it, in order.
-func (e *Engine) delivered(ctx context.Context, uid string, timeout time.Duration) error {
-	deadline := e.cfg.Clock.After(timeout)
+// delivered waits until the outbox holds nothing of uid (the flusher
+// delivered it, in order), at most timeout (0: until ctx ends), and
+// reports whether it does. A journal it cannot read counts as not yet.
+func (e *Engine) delivered(ctx context.Context, uid string, timeout time.Duration) bool {
+	var deadline <-chan time.Time
+	if timeout > 0 {
+		deadline = e.cfg.Clock.After(timeout)
+	}
 	for {
+		e.alive()
 		pending, err := e.cfg.Journal.OutboxPending()
-		if err != nil {
-			return err
-		}
-		if !hasUID(pending, uid) {
-			return nil
+		if err == nil && !hasUID(pending, uid) {
+			return true
 		}
 		poke(e.flushWake)
 		select {
 		case <-ctx.Done():
-			return ctx.Err()
+			return false
 		case <-deadline:
-			return fmt.Errorf("engine: the Node conditions not delivered within %s (%d outbox entries queued)", timeout, len(pending))
+			return false
 		case <-e.flushed:
-		case <-e.cfg.Clock.After(100 * time.Millisecond):
+		case <-e.cfg.Clock.After(500 * time.Millisecond):
 		}
 	}
 }
@@ -520,8 +522,12 @@ func (e *Engine) closeShutdown(ctx context.Context, r journal.EventRecord, reaso
 	if _, err := e.cfg.Journal.OutboxPush(journal.OutboxEntry{UID: r.UID, Kind: journal.OutboxNodeCondition, Payload: raw}); err != nil {
 		return err
 	}
-	if err := e.delivered(ctx, r.UID, closeOutPostTimeout); err != nil {
-		return err // the record stays; the caller tries again
+	if !e.delivered(ctx, r.UID, closeOutPostTimeout) {
+		// The record stays; the caller tries again.
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return fmt.Errorf("engine: the Node conditions not delivered within %s", closeOutPostTimeout)
 	}
 	if _, err := e.cfg.Journal.AppendStep(r.UID, journal.StepRecord{Step: "shutdown", Phase: journal.PhaseDone, State: journal.StepDone,
 		Attempt: 1, BootID: e.cfg.Host.BootID(), Message: word}); err != nil {
