@@ -25,6 +25,9 @@ func CreateDaemonSetPod(ctx context.Context, cfg *rest.Config, ns, name, node, i
 	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
 		return "", err
 	}
+	if err := waitDefaultServiceAccount(ctx, cs, ns); err != nil {
+		return "", err
+	}
 	labels := map[string]string{"app": name}
 	spec := corev1.PodSpec{Containers: []corev1.Container{{Name: name, Image: image}}}
 	ds, err := cs.AppsV1().DaemonSets(ns).Create(ctx, &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Name: name},

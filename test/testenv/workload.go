@@ -92,6 +92,23 @@ func SetNodeReady(ctx context.Context, cfg *rest.Config, name string, ready bool
 	})
 }
 
+// waitDefaultServiceAccount waits for namespace ns's default
+// ServiceAccount, which kube-controller-manager creates a moment after the
+// namespace: the ServiceAccount admission plugin refuses a pod before it
+// ("serviceaccount \"default\" not found").
+func waitDefaultServiceAccount(ctx context.Context, cs kubernetes.Interface, ns string) error {
+	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	err := poll(sctx, func() (bool, error) {
+		_, err := cs.CoreV1().ServiceAccounts(ns).Get(sctx, "default", metav1.GetOptions{})
+		return err == nil, nil
+	})
+	if err != nil {
+		return fmt.Errorf("testenv: no default ServiceAccount in %s (is kube-controller-manager running?): %w", ns, err)
+	}
+	return nil
+}
+
 // Start creates the namespace, the StatefulSet object, the pods and the
 // PDB, then keeps replacing deleted pods on Spare until ctx ends.
 func (w *Workload) Start(ctx context.Context, cfg *rest.Config) error {
@@ -102,16 +119,8 @@ func (w *Workload) Start(ctx context.Context, cfg *rest.Config) error {
 	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: w.Namespace}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		return err
 	}
-	// The ServiceAccount admission plugin needs the namespace's default
-	// ServiceAccount, which kube-controller-manager creates.
-	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	err = poll(sctx, func() (bool, error) {
-		_, err := cs.CoreV1().ServiceAccounts(w.Namespace).Get(sctx, "default", metav1.GetOptions{})
-		return err == nil, nil
-	})
-	cancel()
-	if err != nil {
-		return fmt.Errorf("testenv: no default ServiceAccount in %s (is kube-controller-manager running?): %w", w.Namespace, err)
+	if err := waitDefaultServiceAccount(ctx, cs, w.Namespace); err != nil {
+		return err
 	}
 	labels := map[string]string{"app": w.Name}
 	replicas := int32(w.Replicas)
