@@ -25,6 +25,7 @@ import (
 
 	"github.com/lifecycle-agent/lifecycle-agent/api/v1alpha1"
 	"github.com/lifecycle-agent/lifecycle-agent/internal/apiclient"
+	"github.com/lifecycle-agent/lifecycle-agent/internal/engine"
 	"github.com/lifecycle-agent/lifecycle-agent/test/testenv"
 )
 
@@ -157,6 +158,54 @@ func (e *Env) WaitEventGone(ctx context.Context, name string, timeout time.Durat
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
+}
+
+// EndFromEvents reads how event name ended from the Kubernetes Event the
+// agent records with its outcome (one per event, internal/engine finish),
+// for an event whose end state the observer's watch missed
+// (Observer.GoneUnseen). It waits up to timeout for that Event: the agent
+// posts it beside the end state, not before the deletion.
+func (e *Env) EndFromEvents(ctx context.Context, name string, timeout time.Duration) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	sel := "involvedObject.kind=LifecycleEvent,involvedObject.name=" + name
+	for {
+		l, err := e.Core.CoreV1().Events(metav1.NamespaceDefault).List(ctx, metav1.ListOptions{FieldSelector: sel})
+		if err == nil {
+			if end, ok := endFromEvents(l.Items); ok {
+				return end, nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return "", fmt.Errorf("bench: no Kubernetes Event with the outcome of event %s within %s (last: %v)", name, timeout, err)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// endFromEvents is the outcome in an event's Kubernetes Events, as the
+// observer writes a status ("<claimStatus>: <message>"): the agent's one
+// outcome Event is Normal with the transition's end state as its reason
+// when the event succeeded, Normal with reason Cancelled when it was
+// cancelled, and a Warning (Failed, SlaExpired) otherwise; the per-step
+// StepFailed warnings and a TakenOver are not outcomes.
+func endFromEvents(evs []corev1.Event) (string, bool) {
+	for _, k := range evs {
+		if k.Source.Component != "lifecycle-agent" {
+			continue
+		}
+		switch {
+		case k.Reason == "StepFailed" || k.Reason == "TakenOver":
+		case k.Reason == engine.ReasonCancelled:
+			return "Cancelled: " + k.Message, true
+		case k.Type == corev1.EventTypeNormal:
+			return string(v1alpha1.LifecycleEventSucceeded) + ": " + k.Message, true
+		default:
+			return k.Reason + ": " + k.Message, true
+		}
+	}
+	return "", false
 }
 
 // GetNode reads a node as admin.

@@ -27,6 +27,7 @@ type Observer struct {
 	claimed map[string]time.Time
 	cond    map[string]time.Time
 	gone    map[string]time.Time
+	unseen  map[string]bool   // gone, found by a re-list: its last changes were never seen
 	final   map[string]string // last claimStatus and message seen
 	steps   map[string]int    // len(status.steps) last seen
 	nodeFn  func(n *corev1.Node, at time.Time)
@@ -38,7 +39,7 @@ var eventInMessage = regexp.MustCompile(`\(event ([^)]+)\)`)
 // every node update too.
 func (e *Env) Observe(ctx context.Context, nodeFn func(n *corev1.Node, at time.Time)) (*Observer, error) {
 	o := &Observer{changed: make(chan struct{}), claimed: map[string]time.Time{}, cond: map[string]time.Time{},
-		gone: map[string]time.Time{}, final: map[string]string{}, steps: map[string]int{}, nodeFn: nodeFn}
+		gone: map[string]time.Time{}, unseen: map[string]bool{}, final: map[string]string{}, steps: map[string]int{}, nodeFn: nodeFn}
 	evs, err := e.LC.Events.List(ctx, metav1.ListOptions{})
 	if err != nil {
 		return nil, err
@@ -140,7 +141,10 @@ func watchLoop(ctx context.Context, rv string, open func(rv string) (watch.Inter
 
 // relisted records a fresh list of the events: each as a change seen at at,
 // and every event seen before and missing from it as deleted at at (its
-// deletion happened while no watch was open; at is an upper bound).
+// deletion happened while no watch was open; at is an upper bound). The
+// changes before that deletion were not seen either, its end state among
+// them: such an event is marked unseen, and its last status seen says
+// nothing about how it ended (GoneUnseen).
 func (o *Observer) relisted(items []v1alpha1.LifecycleEvent, at time.Time) {
 	present := make(map[string]bool, len(items))
 	for i := range items {
@@ -150,6 +154,7 @@ func (o *Observer) relisted(items []v1alpha1.LifecycleEvent, at time.Time) {
 	for name := range o.final {
 		if !present[name] && o.gone[name].IsZero() {
 			o.gone[name] = at
+			o.unseen[name] = true
 		}
 	}
 	o.notifyLocked()
@@ -200,6 +205,15 @@ func (o *Observer) Gone(ctx context.Context, name string, timeout time.Duration)
 		return final, fmt.Errorf("bench: event %s not deleted within %s (last status %q): %w", name, timeout, final, err)
 	}
 	return final, nil
+}
+
+// GoneUnseen reports whether event name's deletion was found by a re-list,
+// not seen by a watch: the status Gone returned for it is the last one the
+// observer saw before its watch was closed, not necessarily its end state.
+func (o *Observer) GoneUnseen(name string) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.unseen[name]
 }
 
 // Steps returns the number of steps the event's status listed last.

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -23,7 +24,7 @@ func benchEvent(name, rv string, cs v1alpha1.LifecycleEventClaimStatus) *v1alpha
 
 func newTestObserver() *Observer {
 	return &Observer{changed: make(chan struct{}), claimed: map[string]time.Time{}, cond: map[string]time.Time{},
-		gone: map[string]time.Time{}, final: map[string]string{}, steps: map[string]int{}}
+		gone: map[string]time.Time{}, unseen: map[string]bool{}, final: map[string]string{}, steps: map[string]int{}}
 }
 
 // TestObserverSeesADeletionLostWithItsWatch: the server ends the observer's
@@ -89,8 +90,14 @@ func TestObserverSeesADeletionLostWithItsWatch(t *testing.T) {
 	// an ERROR event.
 	w.Error(&apierrors.NewResourceExpired("too old resource version: 12 (40)").ErrStatus)
 
-	if _, err := o.Gone(ctx, "a-1", 5*time.Second); err != nil {
+	final, err := o.Gone(ctx, "a-1", 5*time.Second)
+	if err != nil {
 		t.Fatalf("the deletion that happened while the watch was closed is not seen: %v", err)
+	}
+	// Its end state was lost with the watch: the status last seen is
+	// the claim, and the observer says it is not the end.
+	if final != "Claimed: " || !o.GoneUnseen("a-1") {
+		t.Fatalf("a-1 gone with last status %q, unseen %v; want \"Claimed: \", unseen", final, o.GoneUnseen("a-1"))
 	}
 	if _, err := o.Claimed(ctx, "a-2", 5*time.Second); err != nil {
 		t.Fatalf("the event created while the watch was closed is not seen: %v", err)
@@ -98,8 +105,8 @@ func TestObserverSeesADeletionLostWithItsWatch(t *testing.T) {
 	// Then it watches on from the list, not from "now".
 	w = next()
 	w.Delete(benchEvent("a-2", "42", v1alpha1.LifecycleEventSucceeded))
-	if _, err := o.Gone(ctx, "a-2", 5*time.Second); err != nil {
-		t.Fatal(err)
+	if final, err := o.Gone(ctx, "a-2", 5*time.Second); err != nil || final != "Succeeded: " || o.GoneUnseen("a-2") {
+		t.Fatalf("a-2 gone: last status %q, unseen %v, err %v; want \"Succeeded: \", seen by the watch", final, o.GoneUnseen("a-2"), err)
 	}
 	cancel()
 	w.Stop() // a real watch ends with ctx
@@ -121,5 +128,33 @@ func TestObserverSeesADeletionLostWithItsWatch(t *testing.T) {
 	}
 	if relists != 2 {
 		t.Errorf("relisted %d times, want 2 (after the ERROR event, after the refused watch)", relists)
+	}
+}
+
+// TestEndFromEvents: an event whose end state the observer's watch missed
+// ends as its agent's outcome Event says, and the Events that are not an
+// outcome (a step's failure, a take-over) say nothing about it.
+func TestEndFromEvents(t *testing.T) {
+	ev := func(typ, reason, msg string) corev1.Event {
+		return corev1.Event{Type: typ, Reason: reason, Message: msg, Source: corev1.EventSource{Component: "lifecycle-agent"}}
+	}
+	for _, c := range []struct {
+		name string
+		evs  []corev1.Event
+		want string
+		ok   bool
+	}{
+		{"none yet", nil, "", false},
+		{"not an outcome", []corev1.Event{ev("Normal", "TakenOver", "t"), ev("Warning", "StepFailed", "s")}, "", false},
+		{"someone else's", []corev1.Event{{Type: "Normal", Reason: "Uncordoned", Source: corev1.EventSource{Component: "kubectl"}}}, "", false},
+		{"succeeded", []corev1.Event{ev("Warning", "StepFailed", "s"), ev("Normal", "Uncordoned", "done")}, "Succeeded: done", true},
+		{"cancelled", []corev1.Event{ev("Normal", "Cancelled", "deleted")}, "Cancelled: deleted", true},
+		{"failed", []corev1.Event{ev("Warning", "Failed", "step x")}, "Failed: step x", true},
+		{"sla expired", []corev1.Event{ev("Warning", "SlaExpired", "late")}, "SlaExpired: late", true},
+	} {
+		got, ok := endFromEvents(c.evs)
+		if got != c.want || ok != c.ok {
+			t.Errorf("%s: got %q, %v; want %q, %v", c.name, got, ok, c.want, c.ok)
+		}
 	}
 }

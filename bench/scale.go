@@ -284,6 +284,14 @@ func Scale(ctx context.Context, o ScaleOptions) (ScaleStats, error) {
 				conds = append(conds, tn.Sub(t0))
 				mu.Unlock()
 				final, err := obs.Gone(ctx, name, 5*time.Minute)
+				if err == nil && !strings.HasPrefix(final, "Succeeded") && obs.GoneUnseen(name) {
+					// The server closed the observer's watch (at 1,000
+					// unfiltered watches it closes slow watchers) and a
+					// re-list found the event gone: its end state was never
+					// seen. The agent's Kubernetes Event says how it ended.
+					final, err = env.EndFromEvents(ctx, name, 30*time.Second)
+					say("%s: its end was not seen (the observer's watch was closed); its Kubernetes Event says %q", name, final)
+				}
 				if err == nil && !strings.HasPrefix(final, "Succeeded") {
 					err = fmt.Errorf("bench: event %s ended %q", name, final)
 				}
