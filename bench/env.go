@@ -502,12 +502,13 @@ func (s *Sampler) Stop() (first, last ProcSample, peakRSS int64) {
 // agent's rest.Config WrapTransport, it sees exactly the requests made
 // with the agent's identity.
 type Counter struct {
-	mu sync.Mutex
-	m  map[string]int
+	mu    sync.Mutex
+	m     map[string]int
+	bytes map[string]int64 // request bodies, by the same key
 }
 
 // NewCounter returns an empty Counter.
-func NewCounter() *Counter { return &Counter{m: map[string]int{}} }
+func NewCounter() *Counter { return &Counter{m: map[string]int{}, bytes: map[string]int64{}} }
 
 // Wrap is a rest.Config WrapTransport.
 func (c *Counter) Wrap(rt http.RoundTripper) http.RoundTripper {
@@ -520,8 +521,12 @@ type countingTransport struct {
 }
 
 func (t *countingTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	k := classify(r)
 	t.c.mu.Lock()
-	t.c.m[classify(r)]++
+	t.c.m[k]++
+	if r.ContentLength > 0 {
+		t.c.bytes[k] += r.ContentLength
+	}
 	t.c.mu.Unlock()
 	return t.next.RoundTrip(r)
 }
@@ -536,6 +541,17 @@ func (c *Counter) Snapshot() map[string]int {
 	defer c.mu.Unlock()
 	m := make(map[string]int, len(c.m))
 	for k, v := range c.m {
+		m[k] = v
+	}
+	return m
+}
+
+// BodyBytes returns a copy of the request body bytes, by key.
+func (c *Counter) BodyBytes() map[string]int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	m := make(map[string]int64, len(c.bytes))
+	for k, v := range c.bytes {
 		m[k] = v
 	}
 	return m

@@ -45,7 +45,10 @@ type WriteStats struct {
 	Budget    int            `json:"budget"` // 2 × steps + 4
 	Outcome   string         `json:"outcome"`
 	Writing   map[string]int `json:"writing"` // write requests by "VERB resource"
-	Reading   map[string]int `json:"reading"` // other requests
+	// WriteBytes is the request bodies of Writes, in bytes: what the
+	// server decodes for them.
+	WriteBytes int64          `json:"writeBytes"`
+	Reading    map[string]int `json:"reading"` // other requests
 	// ServerNodeRequests is the same window's increase of the API
 	// server's count of node-identity requests (NodeRequests), the
 	// server's view of what Writes+Reads counted at the client.
@@ -147,7 +150,7 @@ func Writes(ctx context.Context, dir string, cases []WriteCase, say func(string,
 		}
 		quiet(counter, time.Second, 30*time.Second)
 		name := fmt.Sprintf("writes-%02d-%s", i, c.Driver)
-		before := counter.Snapshot()
+		before, beforeBytes := counter.Snapshot(), counter.BodyBytes()
 		s0, err := env.Scrape(ctx)
 		if err != nil {
 			return out, err
@@ -165,7 +168,7 @@ func Writes(ctx context.Context, dir string, cases []WriteCase, say func(string,
 		if err != nil {
 			return out, err
 		}
-		d := DiffCounts(before, counter.Snapshot())
+		d, afterBytes := DiffCounts(before, counter.Snapshot()), counter.BodyBytes()
 		ws := WriteStats{Label: c.Label, Driver: c.Driver, Steps: obs.Steps(name), Outcome: final, Writing: map[string]int{}, Reading: map[string]int{},
 			ServerNodeRequests: s1.Sub(s0).NodeRequests(), Seconds: time.Since(t0).Seconds()}
 		for k, v := range d {
@@ -176,6 +179,7 @@ func Writes(ctx context.Context, dir string, cases []WriteCase, say func(string,
 			if IsWrite(k) {
 				ws.Writes += v
 				ws.Writing[k] = v
+				ws.WriteBytes += afterBytes[k] - beforeBytes[k]
 			} else {
 				ws.Reads += v
 				ws.Reading[k] = v

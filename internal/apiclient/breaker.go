@@ -81,7 +81,7 @@ func (c *Client) RecordBreakerFailure(ctx context.Context, group, event string) 
 			l.Annotations = map[string]string{}
 		}
 		l.Annotations[AnnotationBreakerFailures] = strings.Join(out, ",")
-		_, err = leases.Update(ctx, l, metav1.UpdateOptions{})
+		_, err = leases.Update(ctx, lean(l), metav1.UpdateOptions{})
 		return err
 	})
 	if err != nil {

@@ -348,7 +348,7 @@ func (c *Client) updateLease(ctx context.Context, l *v1alpha1.LifecycleLease, h 
 	l.Spec.HolderIdentity = &h.Identity
 	l.Spec.LeaseDurationSeconds = &secs
 	l.Spec.RenewTime = &mt
-	got, err := c.claimLane().Leases(v1alpha1.SystemNamespace).Update(ctx, l, metav1.UpdateOptions{})
+	got, err := c.claimLane().Leases(v1alpha1.SystemNamespace).Update(ctx, lean(l), metav1.UpdateOptions{})
 	if err != nil {
 		if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
 			return err
@@ -384,7 +384,7 @@ func (c *Client) releaseLease(ctx context.Context, l *v1alpha1.LifecycleLease) e
 	l.Spec.HolderIdentity = &empty
 	delete(l.Annotations, AnnotationLeaseEvent)
 	delete(l.Annotations, AnnotationLeaseEventUID)
-	got, err := c.LC.Leases(v1alpha1.SystemNamespace).Update(ctx, l, metav1.UpdateOptions{})
+	got, err := c.LC.Leases(v1alpha1.SystemNamespace).Update(ctx, lean(l), metav1.UpdateOptions{})
 	if err != nil {
 		if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
 			return err

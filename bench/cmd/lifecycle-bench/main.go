@@ -295,7 +295,7 @@ func writes(ctx context.Context, res *bench.Result, dir string) error {
 	for i, w := range ws {
 		res.Rows = append(res.Rows, bench.Row{ID: fmt.Sprintf("7%c", 'a'+i), What: "API writes per event: " + w.Label,
 			Goal:     fmt.Sprintf("≤ 2 × %d steps + 4 = %d", w.Steps, w.Budget),
-			Measured: fmt.Sprintf("%d writes: %s (plus %d reads; %d requests at the client, %.0f seen by the server for node identities)", w.Writes, bench.FormatCounts(w.Writing), w.Reads, w.Writes+w.Reads, w.ServerNodeRequests),
+			Measured: fmt.Sprintf("%d writes: %s (%.1f KiB of request bodies; plus %d reads; %d requests at the client, %.0f seen by the server for node identities)", w.Writes, bench.FormatCounts(w.Writing), float64(w.WriteBytes)/1024, w.Reads, w.Writes+w.Reads, w.ServerNodeRequests),
 			Met:      bench.Verdict(w.Writes <= w.Budget)})
 	}
 	res.Notes = append(res.Notes, "writes: counted at the agent's own client (a counting RoundTripper on its rest.Config: exactly the requests made with its identity), from the event's creation until it is deleted and the agent was quiet for 1 s; cross-checked against the API server's APF counters for node identities (flow schemas system-nodes and system-node-high) over the same window")
