@@ -539,6 +539,10 @@ func (t *countingTransport) WrappedRoundTripper() http.RoundTripper { return t.n
 func (c *Counter) Snapshot() map[string]int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	return c.snapshotLocked()
+}
+
+func (c *Counter) snapshotLocked() map[string]int {
 	m := make(map[string]int, len(c.m))
 	for k, v := range c.m {
 		m[k] = v
@@ -546,15 +550,16 @@ func (c *Counter) Snapshot() map[string]int {
 	return m
 }
 
-// BodyBytes returns a copy of the request body bytes, by key.
-func (c *Counter) BodyBytes() map[string]int64 {
+// SnapshotBytes is Snapshot with a copy of the request body bytes, by the
+// same key, taken together.
+func (c *Counter) SnapshotBytes() (map[string]int, map[string]int64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	m := make(map[string]int64, len(c.bytes))
+	b := make(map[string]int64, len(c.bytes))
 	for k, v := range c.bytes {
-		m[k] = v
+		b[k] = v
 	}
-	return m
+	return c.snapshotLocked(), b
 }
 
 // IsWrite says whether a key of Counter is a write (POST, PUT, PATCH, DELETE).

@@ -289,8 +289,9 @@ func Scale(ctx context.Context, o ScaleOptions) (ScaleStats, error) {
 					// unfiltered watches it closes slow watchers) and a
 					// re-list found the event gone: its end state was never
 					// seen. The agent's Kubernetes Event says how it ended.
-					final, err = env.EndFromEvents(ctx, name, 30*time.Second)
-					say("%s: its end was not seen (the observer's watch was closed); its Kubernetes Event says %q", name, final)
+					if final, err = env.EndFromEvents(ctx, name, 30*time.Second); err == nil {
+						say("%s: its end was not seen (the observer's watch was closed); its Kubernetes Event says %q", name, final)
+					}
 				}
 				if err == nil && !strings.HasPrefix(final, "Succeeded") {
 					err = fmt.Errorf("bench: event %s ended %q", name, final)

@@ -150,7 +150,7 @@ func Writes(ctx context.Context, dir string, cases []WriteCase, say func(string,
 		}
 		quiet(counter, time.Second, 30*time.Second)
 		name := fmt.Sprintf("writes-%02d-%s", i, c.Driver)
-		before, beforeBytes := counter.Snapshot(), counter.BodyBytes()
+		before, beforeBytes := counter.SnapshotBytes()
 		s0, err := env.Scrape(ctx)
 		if err != nil {
 			return out, err
@@ -168,7 +168,8 @@ func Writes(ctx context.Context, dir string, cases []WriteCase, say func(string,
 		if err != nil {
 			return out, err
 		}
-		d, afterBytes := DiffCounts(before, counter.Snapshot()), counter.BodyBytes()
+		after, afterBytes := counter.SnapshotBytes()
+		d := DiffCounts(before, after)
 		ws := WriteStats{Label: c.Label, Driver: c.Driver, Steps: obs.Steps(name), Outcome: final, Writing: map[string]int{}, Reading: map[string]int{},
 			ServerNodeRequests: s1.Sub(s0).NodeRequests(), Seconds: time.Since(t0).Seconds()}
 		for k, v := range d {

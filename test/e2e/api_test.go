@@ -494,7 +494,7 @@ func TestBreakerAdmission(t *testing.T) {
 }
 
 // TestUpdatesCarryNoManagedFields: the agent's updates (the claim, the
-// finalizer, a status, the node Lease taken and given back) send no
+// finalizer, a status, the node Lease renewed and given back) send no
 // managedFields, and the server keeps the stored ones: the admin's entry
 // from the create stays, and the agent's own updates are recorded beside
 // it. Sent back, they were about a third of an event's body, decoded by
@@ -502,17 +502,23 @@ func TestBreakerAdmission(t *testing.T) {
 func TestUpdatesCarryNoManagedFields(t *testing.T) {
 	ctx := context.Background()
 	const node = "lean-node"
-	admin := clients(t, env.AdminConfig())
+	// Each client its own field manager (the server names it after the
+	// user agent): with the same one, the agent's updates would write the
+	// create's entry again, and its survival would prove nothing.
+	acfg := rest.CopyConfig(env.AdminConfig())
+	acfg.UserAgent = "lean-admin"
+	admin := clients(t, acfg)
 	created, err := admin.Events.Create(ctx, validLE("lean-1", node), metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(created.ManagedFields) == 0 {
-		t.Fatal("the admin's create recorded no managedFields; nothing to keep")
+	if len(created.ManagedFields) != 1 || created.ManagedFields[0].Manager != "lean-admin" {
+		t.Fatalf("the admin's create recorded managedFields %+v; want one entry, lean-admin's", created.ManagedFields)
 	}
 	var mu sync.Mutex
 	var puts []string
 	cfg := rest.CopyConfig(env.NodeConfig(node))
+	cfg.UserAgent = "lean-agent"
 	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper {
 		return roundTripFunc(func(r *http.Request) (*http.Response, error) {
 			if r.Method == http.MethodPut && r.GetBody != nil {
@@ -540,8 +546,11 @@ func TestUpdatesCarryNoManagedFields(t *testing.T) {
 		t.Fatal(err)
 	}
 	h := apiclient.LeaseHolder{Identity: node + "/lean", Event: ev.Name, EventUID: string(ev.UID), Duration: time.Minute}
-	if err := c.AcquireNodeLease(ctx, h, time.Now()); err != nil {
-		t.Fatal(err)
+	// Taken (a create), then renewed: an update.
+	for i := 0; i < 2; i++ {
+		if err := c.AcquireNodeLease(ctx, h, time.Now()); err != nil {
+			t.Fatal(err)
+		}
 	}
 	ev.Status.ClaimStatus = v1alpha1.LifecycleEventClaimed
 	ev.Status.Holder = &v1alpha1.Holder{Identity: h.Identity}
@@ -563,31 +572,40 @@ func TestUpdatesCarryNoManagedFields(t *testing.T) {
 
 	mu.Lock()
 	defer mu.Unlock()
-	if len(puts) < 4 {
-		t.Fatalf("%d PUTs seen, want the Lease taken, the claim, the finalizer, the status and the Lease given back: %q", len(puts), puts)
-	}
+	paths := map[string]int{}
 	for _, p := range puts {
-		if strings.Contains(p, `"managedFields"`) {
+		path, body, _ := strings.Cut(p, " ")
+		paths[path[strings.LastIndex(path, "/lifecycle"):]]++
+		if strings.Contains(body, `"managedFields"`) {
 			t.Errorf("an update sent managedFields back: %.300s", p)
 		}
+	}
+	want := map[string]int{"/lifecycleleases/node-lean-node": 2, "/lifecycleevents/lean-1/status": 2, "/lifecycleevents/lean-1": 1}
+	if fmt.Sprint(paths) != fmt.Sprint(want) {
+		t.Fatalf("PUTs %v; want the Lease renewed and given back, the claim, the finalizer and the status: %v", paths, want)
 	}
 	got, err := admin.Events.Get(ctx, "lean-1", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	managers := map[string]bool{}
-	status := false
+	managers := map[string]string{}
 	for _, m := range got.ManagedFields {
-		managers[m.Manager+"/"+string(m.Operation)+"/"+m.Subresource] = true
-		status = status || m.Subresource == "status"
-	}
-	for _, m := range created.ManagedFields {
-		if !managers[m.Manager+"/"+string(m.Operation)+"/"+m.Subresource] {
-			t.Errorf("the create's managedFields entry %s/%s is gone: %v", m.Manager, m.Operation, managers)
+		fields := ""
+		if m.FieldsV1 != nil {
+			fields = string(m.FieldsV1.Raw)
 		}
+		managers[m.Manager+"/"+string(m.Operation)+"/"+m.Subresource] = fields
 	}
-	if !status {
-		t.Errorf("no managedFields entry for the agent's status updates: %v", managers)
+	// The admin's entry, from the create, still owns the spec; the
+	// agent's updates are recorded beside it, the status's apart.
+	if f, ok := managers["lean-admin/Update/"]; !ok || !strings.Contains(f, `"f:spec"`) {
+		t.Errorf("the create's managedFields entry is gone or lost the spec: %q", managers)
+	}
+	if f := managers["lean-agent/Update/"]; !strings.Contains(f, `"f:finalizers"`) {
+		t.Errorf("no managedFields entry for the agent's finalizer: %q", managers)
+	}
+	if f := managers["lean-agent/Update/status"]; !strings.Contains(f, `"f:status"`) {
+		t.Errorf("no managedFields entry for the agent's status updates: %q", managers)
 	}
 	if !slices.Contains(got.Finalizers, v1alpha1.Finalizer) || got.Status.Message != "working" {
 		t.Errorf("the updates did not land: finalizers %v, message %q", got.Finalizers, got.Status.Message)
