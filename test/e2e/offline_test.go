@@ -79,6 +79,13 @@ func TestOfflineStepsAndOutbox(t *testing.T) {
 			t.Fatalf("step %s lacks times: %+v", s.Name, s)
 		}
 	}
+	// The finalizer off is not the end of the agent's work: it gives its
+	// Leases back, then moves the event to the history. Stopped before
+	// that (a loaded machine: make test with other tests beside it), the
+	// event stays journaled as finishing, for the next start.
+	waitFor(t, "the event moved to the journal's history", 30*time.Second, func() bool {
+		return containsAll(a.logBuf.String(), "event finished")
+	})
 	a.stop(t)
 	doc := exportJournal(t, a.Journal)
 	if len(doc.Outbox) != 0 {

@@ -118,7 +118,7 @@ func TestShutdownNextBootWaitsUntilReady(t *testing.T) {
 		cLT + "=True/ShuttingDown", cGNS + "=True/NodeShutdown",
 		cGNS + "=False/NodeStarted", cLT + "=False/ShutdownComplete",
 	}, cDIP, cDrained, cMIP, cPlanned)
-	a.stop(t)
+	stopAfterCloseOut(t, a)
 	doc := exportJournal(t, a.Journal)
 	h := shutdownHistory(t, doc)
 	if h.Outcome != journal.OutcomeSucceeded || !strings.Contains(stepsOf(h), "wait-ready=Done") || !strings.Contains(stepsOf(h), "wait-workloads-ready=Done") {
@@ -153,7 +153,7 @@ func TestShutdownNextBootNotReady(t *testing.T) {
 			if tc.cordoned && (n.Annotations[v1alpha1.AnnotationCordonedBy] != "shutdown" || !strings.Contains(lt.Message, "stays cordoned")) {
 				t.Errorf("kept cordoned: annotation %q, message %q; want the shutdown's and the message saying so", n.Annotations[v1alpha1.AnnotationCordonedBy], lt.Message)
 			}
-			a.stop(t)
+			stopAfterCloseOut(t, a)
 			doc := exportJournal(t, a.Journal)
 			if h := shutdownHistory(t, doc); h.Outcome != journal.OutcomeFailed || !strings.Contains(h.Message, "allocatable nvidia.com/gpu is 0 of 8") {
 				t.Errorf("the shutdown's history: %s %q", h.Outcome, h.Message)
@@ -225,6 +225,19 @@ func TestShutdownDuringTheReturnWait(t *testing.T) {
 }
 
 // shutdownHistory is the shutdown's record in the journal's history.
+// stopAfterCloseOut stops the agent once it has closed the shutdown out.
+// The end conditions on the Node come before that: the close-out waits
+// until the outbox has them delivered, then moves the record to the
+// history. Stopped in between (a loaded machine: make test with other
+// tests beside it), the record stays journaled for the next start.
+func stopAfterCloseOut(t *testing.T, a *testAgent) {
+	t.Helper()
+	waitFor(t, "the shutdown closed out in the agent's log", 30*time.Second, func() bool {
+		return strings.Contains(a.logBuf.String(), "shutdown closed out")
+	})
+	a.stop(t)
+}
+
 func shutdownHistory(t *testing.T, doc journal.ExportDoc) journal.HistoryRecord {
 	t.Helper()
 	for _, h := range doc.History {
