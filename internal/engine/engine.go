@@ -138,8 +138,22 @@ type Engine struct {
 	closeOutAgain atomic.Bool
 	// shutdownCordon serialises the shutdown cordon's hand-over in this
 	// process (a one-slot semaphore): PrepareShutdown's ownership read and
-	// cordon, and an earlier shutdown's close-out check and uncordon.
+	// cordon (or, past its budget, lateShutdownCordon's), and an earlier
+	// shutdown's close-out check and uncordon.
 	shutdownCordon chan struct{}
+	// runCtx is Run's context, for work that outlives a call: a shutdown's
+	// cordon made once an earlier shutdown's close-out is done
+	// (lateShutdownCordon). Nil before Run.
+	runCtx context.Context
+	// pastTurn: a shutdown of this boot queued its Node conditions
+	// without waiting for an earlier shutdown's close-out (its budget ran
+	// out, ownShutdownCordon); that close-out then queues none of its own
+	// while the shutdown is underway (closeShutdown). turnMu orders the
+	// two: the close-out checks and queues, or the shutdown marks, first.
+	// lateCancel stops that shutdown's late cordon (a cancel).
+	turnMu     sync.Mutex
+	pastTurn   bool
+	lateCancel context.CancelFunc
 }
 
 // New checks cfg and returns an Engine.
@@ -242,6 +256,9 @@ func (e *Engine) State() string {
 // Run publishes transitions, watches this node's events and runs them until
 // ctx ends.
 func (e *Engine) Run(ctx context.Context) error {
+	e.mu.Lock()
+	e.runCtx = ctx
+	e.mu.Unlock()
 	go e.flushLoop(ctx)
 	e.alive()
 	e.setState("starting")

@@ -189,23 +189,80 @@ func (o *shutdownOwnership) release() {
 // its check and its uncordon lifted the cordon this shutdown had just
 // found and left to it: the node went down schedulable, and its next boot
 // had nothing to wait for. Waiting for a close-out is bounded by the
-// shutdown budget (ctx): past it, nothing is owned or cordoned.
+// shutdown budget (ctx): past it, nothing is owned or cordoned within the
+// budget, and lateShutdownCordon does both once the close-out is done.
 func (e *Engine) ownShutdownCordon(ctx context.Context, uid, name string) (*shutdownOwnership, error) {
 	o := &shutdownOwnership{}
 	unlock, ok := e.lockShutdownCordon(ctx)
 	if !ok {
-		e.log.Warn("shutdown: an earlier shutdown's close-out held the cordon past the shutdown budget; not cordoning", "event", name)
+		e.log.Warn("shutdown: an earlier shutdown's close-out holds the cordon past the shutdown budget; cordoning once it is done", "event", name)
+		// This shutdown's conditions go out now, not after the
+		// close-out's: that one queues none.
+		e.mu.Lock()
+		base := e.runCtx
+		e.mu.Unlock()
+		if base == nil {
+			base = context.Background()
+		}
+		lctx, cancel := context.WithTimeout(base, shutdownStale)
+		e.turnMu.Lock()
+		e.pastTurn = true
+		if e.lateCancel != nil {
+			e.lateCancel() // an earlier announcement's: this one's does the same
+		}
+		e.lateCancel = cancel
+		e.turnMu.Unlock()
+		go e.lateShutdownCordon(lctx, cancel, uid, name)
 		return o, nil
 	}
 	o.unlock = unlock
+	return o, e.ownShutdownCordonLocked(o, uid)
+}
+
+// ownShutdownCordonLocked is ownShutdownCordon with the semaphore held
+// (o.unlock): it reads the earlier owner and journals this shutdown's
+// ownership when there is none.
+func (e *Engine) ownShutdownCordonLocked(o *shutdownOwnership, uid string) error {
 	o.earlier = e.ownedBy(e.shutdownCordonKey())
 	if o.earlier == "" || o.earlier == uid {
 		if _, err := e.cfg.Journal.AddOwned(journal.Change{Kind: journal.ChangeCordon, Node: e.cfg.Node, Name: shutdownOwner, EventUID: uid, Value: shutdownOwner}); err != nil {
 			o.release()
-			return o, fmt.Errorf("engine: journal shutdown cordon: %w", err)
+			return fmt.Errorf("engine: journal shutdown cordon: %w", err)
 		}
 	}
-	return o, nil
+	return nil
+}
+
+// lateShutdownCordon is the cordon of a shutdown whose budget ran out while
+// an earlier shutdown's close-out held the semaphore (an uncordon that
+// took long: a slow or unreachable API server): the node goes down
+// cordoned all the same when the machine is still up once the close-out
+// is done (the kubelet's own inhibitor delays the shutdown for its pods'
+// grace period). Until then nothing of this cordon is journaled: a machine
+// down before the close-out's turn ends, or an agent restarted in it,
+// goes down without it, as before. It takes the semaphore after the
+// close-out, then owns and makes the cordon as PrepareShutdown would
+// have, only while the shutdown is still journaled and underway and ctx
+// (the agent's run; CancelShutdown cancels it first) not done: a cancel
+// meanwhile, even one whose own close-out then failed, leaves nothing to
+// do.
+func (e *Engine) lateShutdownCordon(ctx context.Context, cancel context.CancelFunc, uid, name string) {
+	defer cancel()
+	unlock, ok := e.lockShutdownCordon(ctx)
+	if !ok {
+		return
+	}
+	o := &shutdownOwnership{unlock: unlock}
+	defer o.release()
+	if ctx.Err() != nil || uid != e.shutdownUID(e.cfg.Host.BootID()) || !e.shutdownUnderway() {
+		return
+	}
+	if err := e.ownShutdownCordonLocked(o, uid); err != nil {
+		e.log.Error("shutdown: journaling the cordon after the earlier close-out failed", "event", name, "err", err)
+		return
+	}
+	cordoned := e.makeShutdownCordon(ctx, o, uid, name, e.cfg.Host.BootID())
+	e.log.Info("shutdown: cordon after the earlier shutdown's close-out", "event", name, "cordoned", cordoned)
 }
 
 // makeShutdownCordon makes the cordon ownShutdownCordon decided on, within
@@ -246,6 +303,13 @@ func (e *Engine) makeShutdownCordon(ctx context.Context, o *shutdownOwnership, u
 // CancelShutdown reverts PrepareShutdown after PrepareForShutdown(false):
 // uncordon ours, clear the conditions, and close the local event.
 func (e *Engine) CancelShutdown(ctx context.Context) error {
+	// A cordon still to be made past the budget is not made any more.
+	e.turnMu.Lock()
+	if e.lateCancel != nil {
+		e.lateCancel()
+		e.lateCancel = nil
+	}
+	e.turnMu.Unlock()
 	uid := e.shutdownUID(e.cfg.Host.BootID())
 	rec, ok, err := e.cfg.Journal.Event(uid)
 	if err != nil || !ok {
@@ -254,6 +318,9 @@ func (e *Engine) CancelShutdown(ctx context.Context) error {
 	if err := e.closeShutdown(ctx, rec, "ShutdownCancelled", journal.OutcomeCancelled, "the shutdown was cancelled"); err != nil {
 		return err
 	}
+	e.turnMu.Lock()
+	e.pastTurn = false // the earlier close-out, tried again, queues its own after this one's
+	e.turnMu.Unlock()
 	// An earlier shutdown whose close-out this one cut short (it still
 	// owns the cordon) is closed out again by the engine's loop.
 	e.closeOutAgain.Store(true)
@@ -491,7 +558,9 @@ func cordonMadeForLastAnnouncement(recs []journal.StepRecord) bool {
 // its end conditions posted, the record moved to the history. For an
 // earlier boot's shutdown this happens only while no shutdown of this boot
 // is underway, checked and done with PrepareShutdown kept out
-// (shutdownCordon): errShutdownUnderway otherwise, and the record stays.
+// (shutdownCordon) within its budget: errShutdownUnderway otherwise, and
+// the record stays. A shutdown whose budget ran out meanwhile (pastTurn)
+// supersedes its end conditions.
 // The whole of it, not only the cordon: a shutdown announced between the
 // uncordon and the conditions posted its ShuttingDown first, and this
 // close-out's ShutdownComplete (GracefulNodeShutdownInProgress=False)
@@ -514,13 +583,38 @@ func (e *Engine) closeShutdown(ctx context.Context, r journal.EventRecord, reaso
 	// Through the outbox only, and waited for: it supersedes a ShuttingDown
 	// entry still queued from before the shutdown, goes out after
 	// everything queued before it, and before anything a shutdown
-	// announced meanwhile queues (PrepareShutdown waits for this turn).
+	// announced meanwhile queues (PrepareShutdown waits for this turn
+	// within its budget; past it, none are queued, below).
 	// Posted beside the outbox as well, its queued copy went out again
 	// after such a shutdown's ShuttingDown; and with that copy dropped, an
 	// older entry still queued or in flight could land after it for good.
 	raw, _ := json.Marshal(nodePayload{Conditions: conds})
-	if _, err := e.cfg.Journal.OutboxPush(journal.OutboxEntry{UID: r.UID, Kind: journal.OutboxNodeCondition, Payload: raw}); err != nil {
+	e.turnMu.Lock()
+	superseded := r.UID != e.shutdownUID(e.cfg.Host.BootID()) && e.pastTurn && e.shutdownUnderway()
+	var err error
+	if !superseded {
+		_, err = e.cfg.Journal.OutboxPush(journal.OutboxEntry{UID: r.UID, Kind: journal.OutboxNodeCondition, Payload: raw})
+	}
+	e.turnMu.Unlock()
+	if err != nil {
 		return err
+	}
+	if superseded {
+		// A shutdown announced during the uncordon whose budget ran out
+		// waiting for this turn queued its ShuttingDown already: these
+		// conditions, queued after it, would say the node is back while
+		// it goes down. None are queued: that shutdown's, and its own
+		// close-out's at the next boot, say what the node is; its cordon
+		// comes once this turn ends (lateShutdownCordon). This record,
+		// its cordon given back, goes to the history: kept, its next
+		// close-out would say "shutting down" again after a cancel, and
+		// wait for the node once more at the next boot.
+		if _, err := e.cfg.Journal.AppendStep(r.UID, journal.StepRecord{Step: "shutdown", Phase: journal.PhaseDone, State: journal.StepDone,
+			Attempt: 1, BootID: e.cfg.Host.BootID(), Message: word}); err != nil {
+			return err
+		}
+		e.log.Info("shutdown closed out; its end conditions left to the shutdown underway", "event", r.Name, "reason", reason)
+		return e.cfg.Journal.FinishEvent(r.UID, outcome, word+"; the node shut down again before its end conditions were posted")
 	}
 	if !e.delivered(ctx, r.UID, closeOutPostTimeout) {
 		// The record stays; the caller tries again.

@@ -27,13 +27,36 @@ import (
 // ShutdownComplete (GracefulNodeShutdownInProgress=False) after the new
 // shutdown's ShuttingDown, and the Node said the node was back while it
 // went down.
+//
+// Past the budget: the close-out holds its turn (4 s) longer than the new
+// shutdown's budget (2 s), as an uncordon on a slow API server would. The
+// new shutdown posts its ShuttingDown without waiting, and cordons once
+// the close-out's turn ends; the close-out then posts nothing (it would be
+// older news) and waits for that shutdown to end. Before, the new
+// shutdown made no cordon at all, and the close-out's ShutdownComplete,
+// queued after its ShuttingDown, went out last.
 func TestShutdownAnnouncedDuringTheCloseOutsConditions(t *testing.T) {
+	for _, c := range []struct {
+		name, budget, failpoint string
+		pastBudget              bool
+	}{
+		{"within the budget", "10s", "engineCloseOutBeforeConditions=1*sleep(1000)", false},
+		{"past the budget", "2s", "engineCloseOutBeforeConditions=1*sleep(4000)", true},
+	} {
+		t.Run(c.name, func(t *testing.T) { shutdownDuringTheCloseOut(t, c.budget, c.failpoint, c.pastBudget) })
+	}
+}
+
+func shutdownDuringTheCloseOut(t *testing.T, budget, failpoint string, pastBudget bool) {
 	ctx := context.Background()
 	node := "closeout-race"
+	if pastBudget {
+		node = "closeout-late"
+	}
 	kubelet := chaosNode(t, node)
 	cs := kubernetes.NewForConfigOrDie(env.AdminConfig())
 	logind := logindtest.Start(t, logindtest.Options{InhibitDelayMax: 30 * time.Second})
-	c := chaosCase(t, node, "", agentConfig+"shutdown:\n  budget: 10s\n", env.NodeConfig(node))
+	c := chaosCase(t, node, "", agentConfig+"shutdown:\n  budget: "+budget+"\n", env.NodeConfig(node))
 	c.kubelet = kubelet
 	c.extraEnv = []string{"DBUS_SYSTEM_BUS_ADDRESS=" + logind.Address()}
 	getNode := func() *corev1.Node {
@@ -61,7 +84,7 @@ func TestShutdownAnnouncedDuringTheCloseOutsConditions(t *testing.T) {
 	}
 	logind = logindtest.Start(t, logindtest.Options{InhibitDelayMax: 30 * time.Second})
 	c.extraEnv = []string{"DBUS_SYSTEM_BUS_ADDRESS=" + logind.Address()}
-	a2 := c.start(t, `engineCloseOutBeforeConditions=1*sleep(1000)`)
+	a2 := c.start(t, failpoint)
 	defer func() { _ = a2.stop(30 * time.Second) }()
 	deadline := time.Now().Add(60 * time.Second)
 	for getNode().Spec.Unschedulable {
@@ -93,10 +116,25 @@ func TestShutdownAnnouncedDuringTheCloseOutsConditions(t *testing.T) {
 	if err := logind.EmitPrepareForShutdown(true); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the new shutdown prepared and the old one closed out", 30*time.Second, a2, func() bool {
-		l := a2.logText()
-		return strings.Contains(l, "shutdown prepared") && strings.Contains(l, "shutdown closed out")
-	})
+	if !pastBudget {
+		waitFor(t, "the new shutdown prepared and the old one closed out", 30*time.Second, a2, func() bool {
+			l := a2.logText()
+			return strings.Contains(l, "shutdown prepared") && strings.Contains(l, "shutdown closed out")
+		})
+	} else {
+		waitFor(t, "the new shutdown prepared and the close-out's turn over", 30*time.Second, a2, func() bool {
+			l := a2.logText()
+			return strings.Contains(l, "shutdown prepared") &&
+				(strings.Contains(l, "shutdown closed out") || strings.Contains(l, "closing out the last shutdown waits"))
+		})
+		// The cordon comes right after the close-out's turn.
+		for deadline := time.Now().Add(5 * time.Second); !getNode().Spec.Unschedulable && time.Now().Before(deadline); {
+			time.Sleep(50 * time.Millisecond)
+		}
+		if l := a2.logText(); !strings.Contains(l, "past the shutdown budget") || !strings.Contains(l, "its end conditions left to the shutdown underway") {
+			t.Errorf("the close-out did not leave its end conditions to the new shutdown, whose budget ran out:\n%s", tail(a2.log, 30))
+		}
+	}
 	// Past the outbox's next turn (it looks at least every 5 s): a copy
 	// of the close-out's conditions still queued would go out by then.
 	time.Sleep(6 * time.Second)
@@ -115,5 +153,21 @@ func TestShutdownAnnouncedDuringTheCloseOutsConditions(t *testing.T) {
 	}
 	if !n.Spec.Unschedulable || n.Annotations[v1alpha1.AnnotationCordonedBy] != "shutdown" {
 		t.Errorf("the node during the new shutdown: unschedulable=%v cordoned-by %q; want the new shutdown's cordon", n.Spec.Unschedulable, n.Annotations[v1alpha1.AnnotationCordonedBy])
+	}
+	if !pastBudget {
+		return
+	}
+	// logind cancels the new shutdown: the node is given back, and the
+	// cancel is the last word (the earlier shutdown, closed out, does not
+	// come back to say "shutting down" and "complete" after it).
+	if err := logind.EmitPrepareForShutdown(false); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the cancel's uncordon", 30*time.Second, a2, func() bool { return !getNode().Spec.Unschedulable })
+	time.Sleep(6 * time.Second) // past the outbox's next turn
+	n = getNode()
+	lt = nodeCondition(n, v1alpha1.NodeConditionLifecycleTransition)
+	if n.Spec.Unschedulable || lt == nil || lt.Status != corev1.ConditionFalse || lt.Reason != "ShutdownCancelled" {
+		t.Errorf("after the cancel: unschedulable=%v, LifecycleTransition %+v; want schedulable, False/ShutdownCancelled", n.Spec.Unschedulable, lt)
 	}
 }
