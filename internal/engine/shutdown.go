@@ -129,20 +129,37 @@ func (e *Engine) PrepareShutdown(ctx context.Context) error {
 	cordoned := e.makeShutdownCordon(ctx, own, uid, name, boot)
 	own.release()
 	if snap != nil {
-		select {
-		case p := <-snap:
-			if v, ok := p[drivers.ResolvedReadiness]; ok {
-				attrs[drivers.ResolvedReadiness] = v
-				if err := e.cfg.Journal.PutEvent(rec); err != nil {
-					e.log.Error("shutdown: journaling what the node has failed; its next boot compares against nothing", "event", name, "err", err)
-				}
-			}
-		case <-ctx.Done():
+		p, ok := snapshotRead(ctx, snap)
+		if !ok {
 			e.log.Warn("shutdown: what the node has was not read within the shutdown budget; its next boot compares against nothing", "event", name)
+		}
+		if v, ok := p[drivers.ResolvedReadiness]; ok {
+			attrs[drivers.ResolvedReadiness] = v
+			if err := e.cfg.Journal.PutEvent(rec); err != nil {
+				e.log.Error("shutdown: journaling what the node has failed; its next boot compares against nothing", "event", name, "err", err)
+			}
 		}
 	}
 	e.log.Info("shutdown prepared", "event", name, "cordoned", cordoned)
 	return nil
+}
+
+// snapshotRead waits for the snapshot of what the node has until ctx (the
+// shutdown budget) ends; one read already is taken even when the budget
+// is spent by now (a wait for an earlier close-out's turn): a select on
+// both dropped it half the time.
+func snapshotRead(ctx context.Context, snap <-chan map[string]string) (map[string]string, bool) {
+	select {
+	case p := <-snap:
+		return p, true
+	default:
+	}
+	select {
+	case p := <-snap:
+		return p, true
+	case <-ctx.Done():
+		return nil, false
+	}
 }
 
 // lockShutdownCordon takes the shutdown cordon's semaphore (shutdownCordon),
@@ -614,7 +631,7 @@ func (e *Engine) closeShutdown(ctx context.Context, r journal.EventRecord, reaso
 			return err
 		}
 		e.log.Info("shutdown closed out; its end conditions left to the shutdown underway", "event", r.Name, "reason", reason)
-		return e.cfg.Journal.FinishEvent(r.UID, outcome, word+"; the node shut down again before its end conditions were posted")
+		return e.cfg.Journal.FinishEvent(r.UID, outcome, word+"; a new shutdown was announced before its end conditions were posted")
 	}
 	if !e.delivered(ctx, r.UID, closeOutPostTimeout) {
 		// The record stays; the caller tries again.

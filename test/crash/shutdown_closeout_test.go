@@ -28,7 +28,7 @@ import (
 // shutdown's ShuttingDown, and the Node said the node was back while it
 // went down.
 //
-// Past the budget: the close-out holds its turn (4 s) longer than the new
+// Past the budget: the close-out holds its turn (7 s) longer than the new
 // shutdown's budget (2 s), as an uncordon on a slow API server would. The
 // new shutdown posts its ShuttingDown without waiting, and cordons once
 // the close-out's turn ends; the close-out then posts nothing (it would be
@@ -41,7 +41,7 @@ func TestShutdownAnnouncedDuringTheCloseOutsConditions(t *testing.T) {
 		pastBudget              bool
 	}{
 		{"within the budget", "10s", "engineCloseOutBeforeConditions=1*sleep(1000)", false},
-		{"past the budget", "2s", "engineCloseOutBeforeConditions=1*sleep(4000)", true},
+		{"past the budget", "2s", "engineCloseOutBeforeConditions=1*sleep(7000)", true},
 	} {
 		t.Run(c.name, func(t *testing.T) { shutdownDuringTheCloseOut(t, c.budget, c.failpoint, c.pastBudget) })
 	}
