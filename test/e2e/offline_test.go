@@ -170,6 +170,11 @@ func TestLeftoverCordonUndone(t *testing.T) {
 		n := getNode(t, node)
 		return !n.Spec.Unschedulable && n.Annotations[v1alpha1.AnnotationCordonedBy] == ""
 	})
+	// Its record goes after the uncordon: stopped in between, the journal
+	// still owns it (for the next start).
+	waitFor(t, "the leftover's record dropped", 30*time.Second, func() bool {
+		return strings.Contains(a.logBuf.String(), "undid a leftover cordon")
+	})
 	a.stop(t)
 	doc := exportJournal(t, a.Journal)
 	if len(doc.Owned) != 0 {

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -118,7 +119,7 @@ func TestShutdownNextBootWaitsUntilReady(t *testing.T) {
 		cLT + "=True/ShuttingDown", cGNS + "=True/NodeShutdown",
 		cGNS + "=False/NodeStarted", cLT + "=False/ShutdownComplete",
 	}, cDIP, cDrained, cMIP, cPlanned)
-	stopAfterCloseOut(t, a)
+	stopAfterCloseOut(t, a, 1)
 	doc := exportJournal(t, a.Journal)
 	h := shutdownHistory(t, doc)
 	if h.Outcome != journal.OutcomeSucceeded || !strings.Contains(stepsOf(h), "wait-ready=Done") || !strings.Contains(stepsOf(h), "wait-workloads-ready=Done") {
@@ -153,7 +154,7 @@ func TestShutdownNextBootNotReady(t *testing.T) {
 			if tc.cordoned && (n.Annotations[v1alpha1.AnnotationCordonedBy] != "shutdown" || !strings.Contains(lt.Message, "stays cordoned")) {
 				t.Errorf("kept cordoned: annotation %q, message %q; want the shutdown's and the message saying so", n.Annotations[v1alpha1.AnnotationCordonedBy], lt.Message)
 			}
-			stopAfterCloseOut(t, a)
+			stopAfterCloseOut(t, a, 1)
 			doc := exportJournal(t, a.Journal)
 			if h := shutdownHistory(t, doc); h.Outcome != journal.OutcomeFailed || !strings.Contains(h.Message, "allocatable nvidia.com/gpu is 0 of 8") {
 				t.Errorf("the shutdown's history: %s %q", h.Outcome, h.Message)
@@ -211,7 +212,7 @@ func TestShutdownDuringTheReturnWait(t *testing.T) {
 	r.setGPUs(8)
 	waitShutdownCondition(t, node, corev1.ConditionFalse, "ShutdownComplete", "shutdown complete; node back")
 	waitFor(t, "the node uncordoned", 30*time.Second, func() bool { return !getNode(t, node).Spec.Unschedulable })
-	a.stop(t)
+	stopAfterCloseOut(t, a, 2) // the cancelled one and the first
 	doc := exportJournal(t, a.Journal)
 	outcomes := map[journal.Outcome]int{}
 	for _, h := range doc.History {
@@ -225,15 +226,16 @@ func TestShutdownDuringTheReturnWait(t *testing.T) {
 }
 
 // shutdownHistory is the shutdown's record in the journal's history.
-// stopAfterCloseOut stops the agent once it has closed the shutdown out.
-// The end conditions on the Node come before that: the close-out waits
-// until the outbox has them delivered, then moves the record to the
-// history. Stopped in between (a loaded machine: make test with other
-// tests beside it), the record stays journaled for the next start.
-func stopAfterCloseOut(t *testing.T, a *testAgent) {
+// stopAfterCloseOut stops the agent once it has closed n shutdowns out
+// (a cancel's revert closes one out too). The end conditions on the Node
+// come before that: the close-out waits until the outbox has them
+// delivered, then moves the record to the history. Stopped in between (a
+// loaded machine: make test with other tests beside it), the record stays
+// journaled for the next start.
+func stopAfterCloseOut(t *testing.T, a *testAgent, n int) {
 	t.Helper()
-	waitFor(t, "the shutdown closed out in the agent's log", 30*time.Second, func() bool {
-		return strings.Contains(a.logBuf.String(), "shutdown closed out")
+	waitFor(t, fmt.Sprintf("%d shutdowns closed out in the agent's log", n), 30*time.Second, func() bool {
+		return strings.Count(a.logBuf.String(), "shutdown closed out") >= n
 	})
 	a.stop(t)
 }
