@@ -213,23 +213,7 @@ func (e *Engine) ownShutdownCordon(ctx context.Context, uid, name string) (*shut
 	unlock, ok := e.lockShutdownCordon(ctx)
 	if !ok {
 		e.log.Warn("shutdown: an earlier shutdown's close-out holds the cordon past the shutdown budget; cordoning once it is done", "event", name)
-		// This shutdown's conditions go out now, not after the
-		// close-out's: that one queues none.
-		e.mu.Lock()
-		base := e.runCtx
-		e.mu.Unlock()
-		if base == nil {
-			base = context.Background()
-		}
-		lctx, cancel := context.WithTimeout(base, shutdownStale)
-		e.turnMu.Lock()
-		e.pastTurn = true
-		if e.lateCancel != nil {
-			e.lateCancel() // an earlier announcement's: this one's does the same
-		}
-		e.lateCancel = cancel
-		e.turnMu.Unlock()
-		go e.lateShutdownCordon(lctx, cancel, uid, name)
+		e.startLateShutdownCordon(uid, name)
 		return o, nil
 	}
 	o.unlock = unlock
@@ -248,6 +232,28 @@ func (e *Engine) ownShutdownCordonLocked(o *shutdownOwnership, uid string) error
 		}
 	}
 	return nil
+}
+
+// startLateShutdownCordon marks this shutdown's conditions as going out now,
+// not after the earlier close-out's (that one queues none: pastTurn), and
+// starts lateShutdownCordon on the agent's run, replacing an earlier
+// announcement's (this one does the same).
+func (e *Engine) startLateShutdownCordon(uid, name string) {
+	e.mu.Lock()
+	base := e.runCtx
+	e.mu.Unlock()
+	if base == nil {
+		base = context.Background()
+	}
+	ctx, cancel := context.WithTimeout(base, shutdownStale)
+	e.turnMu.Lock()
+	e.pastTurn = true
+	if e.lateCancel != nil {
+		e.lateCancel()
+	}
+	e.lateCancel = cancel
+	e.turnMu.Unlock()
+	go e.lateShutdownCordon(ctx, cancel, uid, name)
 }
 
 // lateShutdownCordon is the cordon of a shutdown whose budget ran out while
@@ -616,7 +622,9 @@ func (e *Engine) closeShutdown(ctx context.Context, r journal.EventRecord, reaso
 	if err != nil {
 		return err
 	}
-	if superseded {
+	closed, end := "shutdown closed out", word
+	switch {
+	case superseded:
 		// A shutdown announced during the uncordon whose budget ran out
 		// waiting for this turn queued its ShuttingDown already: these
 		// conditions, queued after it, would say the node is back while
@@ -626,14 +634,9 @@ func (e *Engine) closeShutdown(ctx context.Context, r journal.EventRecord, reaso
 		// its cordon given back, goes to the history: kept, its next
 		// close-out would say "shutting down" again after a cancel, and
 		// wait for the node once more at the next boot.
-		if _, err := e.cfg.Journal.AppendStep(r.UID, journal.StepRecord{Step: "shutdown", Phase: journal.PhaseDone, State: journal.StepDone,
-			Attempt: 1, BootID: e.cfg.Host.BootID(), Message: word}); err != nil {
-			return err
-		}
-		e.log.Info("shutdown closed out; its end conditions left to the shutdown underway", "event", r.Name, "reason", reason)
-		return e.cfg.Journal.FinishEvent(r.UID, outcome, word+"; a new shutdown was announced before its end conditions were posted")
-	}
-	if !e.delivered(ctx, r.UID, closeOutPostTimeout) {
+		closed += "; its end conditions left to the shutdown underway"
+		end += "; a new shutdown was announced before its end conditions were posted"
+	case !e.delivered(ctx, r.UID, closeOutPostTimeout):
 		// The record stays; the caller tries again.
 		if ctx.Err() != nil {
 			return ctx.Err()
@@ -644,8 +647,8 @@ func (e *Engine) closeShutdown(ctx context.Context, r journal.EventRecord, reaso
 		Attempt: 1, BootID: e.cfg.Host.BootID(), Message: word}); err != nil {
 		return err
 	}
-	e.log.Info("shutdown closed out", "event", r.Name, "reason", reason)
-	return e.cfg.Journal.FinishEvent(r.UID, outcome, word)
+	e.log.Info(closed, "event", r.Name, "reason", reason)
+	return e.cfg.Journal.FinishEvent(r.UID, outcome, end)
 }
 
 func isCordonNotOurs(err error) bool {
